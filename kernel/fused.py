@@ -1,0 +1,212 @@
+"""FlashAttention-2 forward pass, fused in one Triton kernel.
+
+The story, as the seed note tells it:
+  * one program owns BLOCK_M query rows of one (batch, head); programs never talk to each other;
+  * Q is loaded and scaled once, before the loop;
+  * the program streams over K/V in blocks of BLOCK_N keys, keeping a running softmax state in fp32
+    registers: m (row max), l (row denominator), acc (unnormalised output);
+  * each step rescales BOTH l and acc by c = exp(m_old - m_new) <= 1, then adds the new block;
+  * after the loop it divides by l once and stores.
+The N x N score matrix never exists in memory: HBM traffic is Q, K, V and the output.
+
+Two lengths, never one N: Nq (query rows: grid, row mask, store) and Nk (keys: loop count, K/V load mask,
+score mask). Every comment "guards:" names the catalogue case (cases/catalogue.py) or the mutant of the
+bug corpus (cases/mutants.py) that proves the line is needed.
+
+Cost: reads B*H*(Nq + 2*Nk)*D elements, writes B*H*Nq*D (+ B*H*Nq for the log-sum-exp);
+4*B*H*Nq*Nk*D flops (half that when causal and Nq == Nk).
+"""
+import torch
+import triton
+import triton.language as tl
+
+from kernel._protocol import check_attention_inputs, interpreter_active
+
+LOG2E = 1.4426950408889634  # exp(x) == exp2(x * log2(e)); exp2 is the cheaper instruction
+
+
+@triton.jit
+def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                    start_m, lo, hi, Nk, causal_shift,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                    INPUT_PRECISION: tl.constexpr):
+    """Fold key blocks [lo, hi) into the running state (m_i, l_i, acc).
+
+    MASKED=False is the fast path for blocks every row of this program fully sees: no key mask, no causal
+    mask. MASKED=True handles the rest: the partial last key block and the blocks that cross the causal
+    diagonal.
+    """
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k_ptrs += lo * stride_kn
+    v_ptrs += lo * stride_vn
+    for start_n in range(lo, hi, BLOCK_N):
+        # K/V rows beyond Nk load as 0, never -inf: a -inf in K makes the dot NaN through 0 * inf.
+        # The two conditions are combined with &, not +: a sum of booleans is an OR and reads out of bounds.
+        # guards: mutants kv_other_neg_inf, kv_mask_plus; cases partial_last_key_block, head_dim_17
+        if MASKED:
+            kv_mask = ((start_n + offs_n)[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM)
+        else:
+            kv_mask = offs_d[None, :] < HEAD_DIM
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        # S = Q K^T (Q already carries scale * log2(e)). fp32 operands need input_precision="ieee":
+        # the default tf32 keeps 10 mantissa bits (~1e-3 relative error). guards: mutant fp32_tf32_dot
+        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        if MASKED:
+            # The score mask varies along the KEY axis ([None, :] on S); the K/V load mask has the wrong
+            # axes (key rows x head-dim columns). guards: mutant score_mask_wrong_axis, case block_m_ne_block_n
+            valid = (start_n + offs_n)[None, :] < Nk
+            if IS_CAUSAL:
+                # bottom-right alignment: query i sees key j iff j <= i + (Nk - Nq).
+                # guards: mutant causal_top_left, cases causal_nq_lt_nk / causal_nq_gt_nk
+                valid = valid & ((start_n + offs_n)[None, :] <= offs_m[:, None] + causal_shift)
+            # -inf on invalid scores: they lose the max and exp to exactly 0. guards: mutant no_score_mask
+            qk = tl.where(valid, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        if MASKED:
+            # A row that has seen no valid key yet has m_new = -inf, and -inf - (-inf) is NaN.
+            # Shift such rows by 0 instead: their p and c are then exactly 0.
+            # guards: mutant causal_no_masked_row_guard, case causal_nq_gt_nk
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_shift = m_new
+        # c = exp(m_old - m_new) <= 1 rescales BOTH l and acc (the FA2 paper's printed 1/c for acc is wrong).
+        # guards: mutants rescale_paper_inverse, l_not_rescaled, acc_not_rescaled
+        c = tl.math.exp2(m_i - m_shift)
+        p = tl.math.exp2(qk - m_shift[:, None])
+        l_i = l_i * c + tl.sum(p, 1)
+        acc = acc * c[:, None]
+        acc += tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+        m_i = m_new  # guards: mutant m_never_updated
+        k_ptrs += BLOCK_N * stride_kn
+        v_ptrs += BLOCK_N * stride_vn
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
+              stride_qz, stride_qh, stride_qm, stride_qk,
+              stride_kz, stride_kh, stride_kn, stride_kk,
+              stride_vz, stride_vh, stride_vn, stride_vk,
+              stride_oz, stride_oh, stride_om, stride_ok,
+              stride_lz, stride_lh, stride_lm,
+              H, Nq, Nk,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+              HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
+              INPUT_PRECISION: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    off_bh = tl.program_id(1)
+    off_b = off_bh // H
+    off_h = off_bh % H
+    # Batch/head offsets in int64: B*H*N*D passes 2^31 elements long before one head does.
+    # guards: mutant int32_offsets (GPU case offsets_over_2_31)
+    q_base = Q + off_b.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
+    k_base = K + off_b.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
+    o_base = Out + off_b.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    # Masks compare logical coordinates (row, column) with their bounds; strides are applied separately.
+    # Rows use Nq, columns use the true head dim (padded head-dim columns load as 0 and add 0 to every dot).
+    q_mask = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk, mask=q_mask, other=0.0)
+    # Scale Q once, not the scores every iteration; log2(e) is folded in so the loop can use exp2.
+    # guards: mutants scale_twice, scale_never
+    q = (q * qk_scale).to(q.dtype)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
+    v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vk
+    # The loop runs over KEYS, so its bounds use Nk (a bound from Nq ignores extra keys: 1 query vs keys
+    # [1, 1] and values [5, 10] gave 5, not 7.5). guards: mutant loop_bound_nq, case hand_one_query_two_keys
+    causal_shift = Nk - Nq
+    if IS_CAUSAL:
+        # Never visit a key block that no row of this program can see (causal block skipping) ...
+        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_shift, 0), Nk)
+        # ... and skip the masks on blocks that every row sees entirely.
+        full_hi = tl.minimum(tl.maximum(start_m + causal_shift + 1, 0), hi) // BLOCK_N * BLOCK_N
+    else:
+        hi = Nk
+        full_hi = Nk // BLOCK_N * BLOCK_N
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                                    start_m, 0, full_hi, Nk, causal_shift,
+                                    BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, False, IS_CAUSAL, INPUT_PRECISION)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                                    start_m, full_hi, hi, Nk, causal_shift,
+                                    BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, True, IS_CAUSAL, INPUT_PRECISION)
+
+    # Normalise once. A row that sees no key (causal, Nq > Nk) has l = 0 and acc = 0: its output is 0
+    # (divide by 1, not 0) and its log-sum-exp is -inf. guards: mutant causal_no_masked_row_guard
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    # The store is masked by ROW (< Nq) and head-dim column: the last query block may be partial.
+    # guards: mutant store_no_row_mask, case partial_last_query_block
+    o_mask = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_ok,
+             out.to(Out.dtype.element_ty), mask=o_mask)
+    if STORE_LSE:
+        # lse = ln(sum_j exp(s_j)) = (m + log2 l) * ln 2 in the log2 domain the loop worked in.
+        # A row that saw no key has lse = -inf (log2 of l_safe keeps log2(0) out of the computation).
+        lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)  # ln 2
+        l_ptrs = Lse + off_b.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + offs_m * stride_lm
+        tl.store(l_ptrs, lse, mask=offs_m < Nq)
+
+
+def default_blocks(Nq, Nk, D, dtype):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a problem, by rule (the caller may override blocks)."""
+    block_d = head_dim_block(D)
+    if interpreter_active():
+        # The interpreter runs one program at a time in NumPy: fewer, larger programs are faster.
+        return 64, 64, 4, 1
+    if dtype == torch.float32:
+        # ieee fp32 dots run on CUDA cores and hold 2x the registers of fp16 tiles.
+        return (32, 32, 4, 2) if block_d > 64 else (64, 32, 4, 2)
+    if block_d <= 64:
+        return 128, 64, 4, 3
+    if block_d <= 128:
+        return 128, 64, 8, 3
+    return 64, 32, 4, 2
+
+
+def head_dim_block(D):
+    """Padded head-dim block: a power of two (arange needs one) and at least 16 (tl.dot's minimum
+    contraction on the GPU: D = 2 rounded to 2 does not compile). Hard-coding 16 would truncate D > 16.
+    guards: mutants head_dim_block_no_floor (GPU), head_dim_block_fixed_16; cases head_dim_2, head_dim_17"""
+    return max(triton.next_power_of_2(D), 16)
+
+
+def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, block_m=None, block_n=None):
+    """Fused FlashAttention-2 forward.
+
+    q: (B, H, Nq, D); k, v: (B, H, Nk, D); one dtype (float32, float16 or bfloat16), one device; any
+    strides. scale defaults to 1/sqrt(D). causal=True is aligned bottom-right: query i sees key j iff
+    j <= i + Nk - Nq; a row that sees no key gives 0 (lse -inf).
+    out: optional (B, H, Nq, D) tensor of q's dtype and device, any strides, written in place.
+    Returns out (B, H, Nq, D) in q's dtype, and with return_lse=True also lse (B, H, Nq) float32, the
+    natural-log row log-sum-exp of the scaled scores.
+    block_m, block_n: optional powers of two overriding the default tile (>= 16 on the GPU).
+    """
+    B, H, Nq, Nk, D, scale = check_attention_inputs(q, k, v, causal, scale, out, block_m, block_n)
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    if B * H * Nq > 0:
+        bm, bn, num_warps, num_stages = default_blocks(Nq, Nk, D, q.dtype)
+        bm, bn = block_m or bm, block_n or bn
+        grid = (triton.cdiv(Nq, bm), B * H)
+        _attn_fwd[grid](
+            q, k, v, out, lse, scale * LOG2E,
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
+            H, Nq, Nk,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=head_dim_block(D), HEAD_DIM=D,
+            IS_CAUSAL=causal, STORE_LSE=return_lse, INPUT_PRECISION="ieee",
+            num_warps=num_warps, num_stages=num_stages)
+    return (out, lse) if return_lse else out
