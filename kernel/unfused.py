@@ -1,0 +1,127 @@
+"""The three-kernel baseline the seed note fuses away: scores -> softmax -> weights x V.
+
+  1. scores:  a 2-D grid of (BLOCK_M, BLOCK_N) tiles writes S = scale * Q K^T to an fp32 (Nq, Nk) buffer
+              per (batch, head) in HBM (causal-masked entries get -inf);
+  2. softmax: one program per row loads the whole row (one register tile of next_power_of_2(Nk) lanes),
+              subtracts the max, exponentiates, normalises and writes the weights back in place;
+  3. PV:      a grid over query blocks loops over key chunks, acc += W_tile . V_tile in fp32, and stores.
+
+Cost: the O(Nq * Nk) buffer is written, read and rewritten, then read again: several passes over an
+N^2 tensor and three launches, where the fused kernel touches only Q, K, V and the output. The softmax
+row must fit one tile, so Nk is capped (MAX_ROW); beyond it this module refuses with a ValueError.
+
+The lengths keep their roles: the buffer is (Nq, Nk); the scores grid's second axis, the softmax row
+length, the S row stride, the S-column mask and the V row mask use Nk; only the first grid axis and the
+output masks use Nq.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from kernel._protocol import check_attention_inputs, interpreter_active
+
+MAX_ROW = 16384  # the softmax keeps a whole row of scores in one register tile
+
+
+@triton.jit
+def _scores(Q, K, S, scale,
+            stride_qz, stride_qh, stride_qm, stride_qk,
+            stride_kz, stride_kh, stride_kn, stride_kk,
+            stride_sz, stride_sh, stride_sm, stride_sn,
+            H, Nq, Nk,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+            IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    off_b = tl.program_id(2) // H
+    off_h = tl.program_id(2) % H
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_ptrs = Q + off_b.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh \
+        + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
+    k_ptrs = K + off_b.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh \
+        + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
+    # Boolean masks combine with &: a + of booleans is an OR and reads out of bounds. guards: mutant
+    # unfused_kv_mask_plus
+    q = tl.load(q_ptrs, mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    k = tl.load(k_ptrs, mask=(offs_n[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale
+    if IS_CAUSAL:
+        # bottom-right: query i sees key j iff j <= i + Nk - Nq
+        s = tl.where(offs_n[None, :] <= offs_m[:, None] + (Nk - Nq), s, float("-inf"))
+    s_ptrs = S + off_b.to(tl.int64) * stride_sz + off_h.to(tl.int64) * stride_sh \
+        + offs_m[:, None] * stride_sm + offs_n[None, :] * stride_sn
+    tl.store(s_ptrs, s, mask=(offs_m[:, None] < Nq) & (offs_n[None, :] < Nk))
+
+
+@triton.jit
+def _softmax(S, Lse, stride_sr, stride_sn, Nk, BLOCK: tl.constexpr):
+    """One program per row of the (rows, Nk) score buffer, in place."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    # The mask compares the COLUMN index with the row length; a flat offset row * Nk + col compared with
+    # Nk masks every row but the first. guards: mutant unfused_softmax_flat_mask
+    col_ok = cols < Nk
+    s = tl.load(S + row * stride_sr + cols * stride_sn, mask=col_ok, other=float("-inf"))
+    m = tl.max(s, 0)
+    # a row that sees no key (causal, Nq > Nk): shift by 0 so exp gives 0, not NaN; weights 0, lse -inf
+    m_shift = tl.where(m == float("-inf"), 0.0, m)
+    p = tl.exp(s - m_shift)
+    l = tl.sum(p, 0)
+    l_safe = tl.where(l == 0.0, 1.0, l)
+    tl.store(S + row * stride_sr + cols * stride_sn, p / l_safe, mask=col_ok)  # guards: unfused_no_normalise
+    tl.store(Lse + row, tl.where(l == 0.0, float("-inf"), m_shift + tl.log(l_safe)))
+
+
+@triton.jit
+def _weights_v(W, V, Out,
+               stride_wz, stride_wh, stride_wm, stride_wn,
+               stride_vz, stride_vh, stride_vn, stride_vk,
+               stride_oz, stride_oh, stride_om, stride_ok,
+               H, Nq, Nk,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+               INPUT_PRECISION: tl.constexpr):
+    off_b = tl.program_id(1) // H
+    off_h = tl.program_id(1) % H
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    w_base = W + off_b.to(tl.int64) * stride_wz + off_h.to(tl.int64) * stride_wh
+    v_base = V + off_b.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start_n in range(0, Nk, BLOCK_N):
+        cols = start_n + offs_n
+        w = tl.load(w_base + offs_m[:, None] * stride_wm + cols[None, :] * stride_wn,
+                    mask=(offs_m[:, None] < Nq) & (cols[None, :] < Nk), other=0.0)
+        v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vk,
+                    mask=(cols[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        acc += tl.dot(w.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    o_ptrs = Out + off_b.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh \
+        + offs_m[:, None] * stride_om + offs_d[None, :] * stride_ok
+    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_DIM))
+
+
+def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, block_m=None, block_n=None):
+    """Unfused attention, same protocol as kernel.fused.attention (see its docstring for shapes/dtypes).
+    Needs an fp32 (B, H, Nq, Nk) scratch buffer; Nk is capped at MAX_ROW."""
+    B, H, Nq, Nk, D, scale = check_attention_inputs(q, k, v, causal, scale, out, block_m, block_n)
+    if Nk > MAX_ROW:
+        raise ValueError(f"Nk = {Nk} exceeds the unfused softmax's one-tile row limit {MAX_ROW}; "
+                         "use kernel.fused (online softmax) for long rows")
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    if B * H * Nq == 0:
+        return (out, lse) if return_lse else out
+    default = 64 if interpreter_active() else 32
+    bm, bn = block_m or default, block_n or default
+    block_d = max(triton.next_power_of_2(D), 16)  # tl.dot needs >= 16 on the GPU; masks keep D exact
+    s = torch.empty((B, H, Nq, Nk), dtype=torch.float32, device=q.device)
+    _scores[(triton.cdiv(Nq, bm), triton.cdiv(Nk, bn), B * H)](
+        q, k, s, scale, *q.stride(), *k.stride(), *s.stride(), H, Nq, Nk,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, HEAD_DIM=D, IS_CAUSAL=causal, INPUT_PRECISION="ieee")
+    rows = s.view(B * H * Nq, Nk)
+    _softmax[(B * H * Nq,)](rows, lse, *rows.stride(), Nk, BLOCK=triton.next_power_of_2(Nk))
+    _weights_v[(triton.cdiv(Nq, bm), B * H)](
+        s, v, out, *s.stride(), *v.stride(), *out.stride(), H, Nq, Nk,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, HEAD_DIM=D, INPUT_PRECISION="ieee")
+    return (out, lse) if return_lse else out
