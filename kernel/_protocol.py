@@ -41,7 +41,7 @@ def check_attention_inputs(q, k, v, causal, scale, out, block_m, block_n):
         raise ValueError(f"head dim D = {D} is outside the supported range 1..{MAX_HEAD_DIM}")
     if interpreter_active():
         if q.device.type != "cpu":
-            raise ValueError(f"Triton's interpreter (TRITON_INTERPRET=1) runs on CPU tensors, got {q.device}")
+            raise ValueError(f"Triton's interpreter (TRITON_INTERPRET=1) runs on CPU tensors, got device {q.device}")
     elif q.device.type != "cuda":
         raise ValueError(f"the compiled backend needs CUDA tensors, got {q.device} "
                          "(set TRITON_INTERPRET=1 before importing triton to run on the CPU)")

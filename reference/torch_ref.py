@@ -11,7 +11,7 @@ import torch
 
 def attention(q, k, v, causal=False, scale=None, upcast=False):
     """q: (B, H, Nq, D), k, v: (B, H, Nk, D). Returns (out, lse); out in q's dtype (float64 if upcast),
-    lse float32 (float64 if upcast). causal is bottom-right aligned; rows that see no key give 0, -inf."""
+    lse float32 (float64 for float64 inputs or upcast). causal is bottom-right aligned; rows that see no key give 0, -inf."""
     if upcast:
         q, k, v = q.double(), k.double(), v.double()
     D = q.shape[-1]
@@ -22,7 +22,7 @@ def attention(q, k, v, causal=False, scale=None, upcast=False):
         rows = torch.arange(Nq, device=q.device)[:, None]
         cols = torch.arange(Nk, device=q.device)[None, :]
         s = s.masked_fill(cols > rows + (Nk - Nq), float("-inf"))
-    lse = torch.logsumexp(s.float() if not upcast else s, dim=-1)
+    lse = torch.logsumexp(s.float() if s.element_size() < 4 else s, dim=-1)   # lse is float32 or wider
     p = torch.softmax(s, dim=-1)
     out = torch.matmul(p, v)
     saw_no_key = (lse == float("-inf"))[..., None]   # softmax over all -inf is NaN; the protocol says 0

@@ -1,0 +1,91 @@
+"""A case: one attention problem, as data. The catalogue, the oracle, the mutants and the CLI share it.
+
+A case prints itself in the catalogue's own syntax (``Case.source()``), so a failing or shrunk case can be
+pasted back into cases/catalogue.py as a regression.
+"""
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# q, k, v, out each sit in a buffer of their own; the layout says how (see cases/inputs.py):
+LAYOUTS = ("contiguous", "bthd", "gapped", "d_major", "mixed")
+DATA = ("randn", "large", "very_negative", "equal_scores", "explicit", "nan_input")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    why: str = ""
+    B: int = 1
+    H: int = 1
+    Nq: int = 16
+    Nk: int = 16
+    D: int = 16
+    dtype: str = "fp32"
+    causal: bool = False
+    scale: float = None
+    layout: str = "contiguous"
+    block_m: int = None
+    block_n: int = None
+    seed: int = 0
+    data: str = "randn"
+    # data="explicit": q, k, v as nested tuples of shape (Nq, D) / (Nk, D), used for every (batch, head)
+    q: tuple = None
+    k: tuple = None
+    v: tuple = None
+    # a hand-computed answer, checked besides the float64 reference: "mean_v" (all scores equal: the mean
+    # of V), "v_row0" (one key: that key's value row), or nested tuples (Nq, D) for every (batch, head)
+    expected: object = None
+    exact: bool = False          # the hand value must come out bit-exact (e.g. 7.5)
+    gpu_only: str = ""           # why only the compiled GPU path can judge this case (skipped on CPU)
+    sample_rows: int = 0         # > 0: judge only this many rows per (b, h) (huge cases)
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"case {self.name}: dtype {self.dtype!r} not in {sorted(DTYPES)}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"case {self.name}: layout {self.layout!r} not in {LAYOUTS}")
+        if self.data not in DATA:
+            raise ValueError(f"case {self.name}: data {self.data!r} not in {DATA}")
+        if min(self.B, self.H, self.Nq, self.Nk, self.D) < 0 or self.Nk < 1 or self.D < 1:
+            raise ValueError(f"case {self.name}: needs B, H, Nq >= 0 and Nk, D >= 1")
+        if self.data == "explicit" and (self.q is None or self.k is None or self.v is None):
+            raise ValueError(f"case {self.name}: data='explicit' needs q, k and v")
+
+    @property
+    def torch_dtype(self):
+        return DTYPES[self.dtype]
+
+    @property
+    def flops(self):
+        f = 4 * self.B * self.H * self.Nq * self.Nk * self.D
+        return f // 2 if self.causal and self.Nq == self.Nk else f
+
+    def source(self):
+        """This case in the catalogue's syntax: only the fields that differ from their defaults."""
+        parts = [repr(self.name)]
+        for f in dataclasses.fields(self):
+            if f.name == "name":
+                continue
+            value = getattr(self, f.name)
+            if value != f.default:
+                parts.append(f"{f.name}={value!r}")
+        return "Case(" + ", ".join(parts) + ")"
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+
+def parse_case(text):
+    """A Case from its source() text (the only name it may use is Case; nothing else is evaluated)."""
+    import ast
+
+    tree = ast.parse(text.strip(), mode="eval")
+    call = tree.body
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "Case"):
+        raise ValueError(f"not a Case(...) expression: {text!r}")
+    args = [ast.literal_eval(a) for a in call.args]
+    kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+    return Case(*args, **kwargs)

@@ -1,0 +1,140 @@
+"""The case catalogue: every named case, the bug it guards against, and where that bug comes from.
+
+"seed" refers to the technical note in shared/seed/ (sections: Decomposition, online-softmax state,
+rescale direction, Masks and sentinels, tl.dot constraints, Verification checklist, unfused baseline).
+Block sizes pinned here reach only kernels that accept block_m/block_n; every bug class is also reached
+through shape variety alone (awkward lengths, cross-attention, many keys), so foreign kernels are judged
+on the same classes.
+
+To add a regression: paste the Case(...) line a failure printed (its `repro`), give it a name and a `why`.
+"""
+from cases.case import Case
+
+_DIM_WHY = {
+    1: "D = 1: the head-dim block is padded to 16; padded columns must be exact (seed: tl.dot constraints)",
+    2: "D = 2: next_power_of_2 gives 2, below tl.dot's minimum of 16 (seed: tl.dot constraints; GPU compile)",
+    3: "D = 3: non-power-of-two head dim, padding masked on load and store (seed: head-dim padding)",
+    16: "D = 16: the dot minimum exactly, no padding",
+    17: "D = 17: one past 16; a head-dim block hard-coded to 16 truncates it (seed: do not hard-code 16)",
+    59: "D = 59: odd head dim, as in FlashAttention's tests",
+    64: "D = 64: common head dim",
+    111: "D = 111: odd head dim near 128",
+    128: "D = 128: common head dim",
+    256: "D = 256: the largest supported head dim",
+}
+
+CATALOGUE = [
+    Case("hand_one_query_two_keys",
+         why="one length for queries and keys: 1 query vs keys [1, 1] and values [5, 10] gave 5 (seed: "
+             "cross-attention). The answer is exactly 7.5",
+         Nq=1, Nk=2, D=1, data="explicit", q=((1.0,),), k=((1.0,), (1.0,)), v=((5.0,), (10.0,)),
+         expected=((7.5,),), exact=True),
+    Case("partial_last_query_block",
+         why="the last query block is partial: the store needs the row mask (out-of-bounds write), the Q load "
+             "needs it too (seed: Decomposition, store with row mask)",
+         Nq=37, Nk=32, D=32, block_m=16, block_n=16, seed=1),
+    Case("partial_last_key_block",
+         why="the last key block is partial: K/V load mask and -inf score mask on keys >= Nk (seed: Masks and "
+             "sentinels)",
+         Nq=32, Nk=45, D=32, block_m=16, block_n=16, seed=2),
+    Case("nq_lt_block_m", why="fewer query rows than one block: every row mask matters",
+         Nq=5, Nk=40, D=16, seed=3),
+    Case("nk_lt_block_n", why="fewer keys than one block: the only key block is partial",
+         Nq=40, Nk=7, D=16, seed=4),
+    *[Case(f"head_dim_{d}", why=_DIM_WHY[d], Nq=19, Nk=23, D=d, seed=10 + d) for d in sorted(_DIM_WHY)],
+    Case("head_dim_2_fp16", why=_DIM_WHY[2] + "; fp16 tensor-core dot", Nq=19, Nk=23, D=2, dtype="fp16",
+         seed=5),
+    Case("cross_nq_gt_nk",
+         why="cross-attention, Nq > Nk: grid, row mask, store use Nq; loop, K/V mask, score mask use Nk (seed)",
+         Nq=48, Nk=20, D=16, block_m=16, block_n=16, seed=6),
+    Case("cross_nq_lt_nk", why="cross-attention, Nq < Nk: the loop must run over all Nk keys (seed)",
+         Nq=20, Nk=53, D=16, block_m=16, block_n=16, seed=7),
+    Case("block_m_gt_block_n",
+         why="BLOCK_M != BLOCK_N: square tiles hide broadcast-axis bugs, e.g. a score mask along the wrong "
+             "axis (seed: verification checklist)",
+         Nq=40, Nk=50, D=16, block_m=32, block_n=16, seed=8),
+    Case("block_m_lt_block_n", why="BLOCK_M < BLOCK_N, the other way round (seed: verification checklist)",
+         Nq=40, Nk=50, D=16, block_m=16, block_n=32, seed=9),
+    Case("many_key_chunks",
+         why="ten key chunks: the running max, denominator and accumulator are rescaled many times (seed: "
+             "rescale direction; a case with several key chunks)",
+         Nq=20, Nk=150, D=16, block_m=16, block_n=16, seed=10),
+    Case("many_key_chunks_growing_max",
+         why="scores grow along the keys, so the running max changes in every chunk: a wrong or missing "
+             "rescale of l or acc cannot hide",
+         Nq=16, Nk=130, D=16, block_m=16, block_n=16, data="randn", seed=11, scale=3.0),
+    Case("one_key", why="one key: the output is exactly that key's value row", Nq=9, Nk=1, D=8,
+         expected="v_row0", seed=12),
+    Case("one_query", why="one query row against many keys", Nq=1, Nk=50, D=32, seed=13),
+    Case("large_scores",
+         why="raw scores about +-1e4: exp overflows unless the running max is subtracted (online softmax)",
+         Nq=33, Nk=40, D=32, data="large", seed=14),
+    Case("very_negative_scores",
+         why="every raw score about -1e4: exp underflows and gives 0/0 unless the max is subtracted",
+         Nq=33, Nk=40, D=32, data="very_negative", seed=15),
+    Case("equal_scores", why="all scores of a row equal: the output is the mean of V (hand value)",
+         Nq=21, Nk=37, D=16, data="equal_scores", expected="mean_v", seed=16),
+    Case("scale_zero", why="scale = 0 makes every score 0: the output is the mean of V (hand value)",
+         Nq=21, Nk=37, D=16, scale=0.0, expected="mean_v", seed=17),
+    Case("custom_scale", why="a caller's scale replaces 1/sqrt(D), applied exactly once", Nq=24, Nk=30, D=32,
+         scale=0.3, seed=18),
+    Case("negative_scale", why="a negative scale flips the softmax; nothing may assume scale > 0",
+         Nq=24, Nk=30, D=32, scale=-0.7, seed=19),
+    Case("causal_square", why="causal, Nq == Nk: the usual lower triangle (block diagonal masking)",
+         Nq=45, Nk=45, D=16, causal=True, block_m=16, block_n=16, seed=20),
+    Case("causal_nq_lt_nk",
+         why="causal, Nq < Nk: bottom-right alignment, query i sees keys j <= i + Nk - Nq (FlashAttention)",
+         Nq=20, Nk=53, D=16, causal=True, block_m=16, block_n=16, seed=21),
+    Case("causal_nq_gt_nk",
+         why="causal, Nq > Nk: the first Nq - Nk rows see no key and must give 0 (lse -inf), never NaN",
+         Nq=53, Nk=20, D=16, causal=True, block_m=16, block_n=16, seed=22),
+    Case("causal_whole_blocks_masked",
+         why="causal, Nq >> Nk: whole query blocks see no key (the loop runs zero times)",
+         Nq=70, Nk=5, D=16, causal=True, block_m=16, block_n=16, seed=23),
+    Case("causal_default_blocks", why="causal with the kernel's own block sizes, awkward lengths",
+         Nq=77, Nk=93, D=24, causal=True, seed=24),
+    Case("layout_bthd", why="BTHD storage viewed as BHTD: heads and rows swap strides", B=2, H=3, Nq=19,
+         Nk=23, D=16, layout="bthd", seed=25),
+    Case("layout_gapped", why="gaps between rows and heads: strides are not shape products", B=2, H=3,
+         Nq=19, Nk=23, D=16, layout="gapped", seed=26),
+    Case("layout_d_major", why="unit stride along N, not D: no kernel may assume stride_d == 1", B=2, H=2,
+         Nq=19, Nk=23, D=16, layout="d_major", seed=27),
+    Case("layout_mixed",
+         why="q, k, v, out each in a different layout: one tensor's strides used for another's show",
+         B=2, H=3, Nq=19, Nk=23, D=16, layout="mixed", seed=28),
+    Case("batch_heads", why="B > 1 and H > 1 with B != H: batch and head offsets must not be swapped",
+         B=2, H=3, Nq=17, Nk=21, D=16, seed=29),
+    Case("batch_heads_mixed_causal", why="batch, heads, mixed layouts and causal cross-attention together",
+         B=3, H=2, Nq=29, Nk=18, D=16, causal=True, layout="mixed", block_m=16, block_n=16, seed=30),
+    Case("fp16", why="fp16 inputs: fp32 accumulation, output in fp16", B=2, H=2, Nq=37, Nk=45, D=64,
+         dtype="fp16", seed=31),
+    Case("fp16_causal_cross", why="fp16, causal, Nq < Nk", Nq=29, Nk=64, D=32, dtype="fp16", causal=True,
+         seed=32),
+    Case("bf16", why="bf16 inputs: fp32 accumulation, output in bf16", B=2, H=2, Nq=37, Nk=45, D=64,
+         dtype="bf16", seed=33,
+         gpu_only="bf16: Triton's interpreter reads bfloat16 wrongly (triton 3.9), only the GPU can judge it"),
+    Case("bf16_causal_cross", why="bf16, causal, Nq > Nk", Nq=64, Nk=29, D=32, dtype="bf16", causal=True,
+         seed=34, gpu_only="bf16: Triton's interpreter reads bfloat16 wrongly (triton 3.9)"),
+    Case("fp32_precision",
+         why="fp32 dots need input_precision='ieee'; tf32 keeps 10 mantissa bits (~1e-3 error) and must fail "
+             "the fp32 tolerance (seed: tl.dot constraints). On the CPU the interpreter is always exact",
+         Nq=64, Nk=64, D=128, seed=35),
+    Case("nan_input_propagates", why="a NaN in one query row makes that row NaN, and only that row",
+         Nq=20, Nk=24, D=16, data="nan_input", seed=36),
+    Case("empty_queries", why="Nq = 0 is legal and gives an empty output", Nq=0, Nk=8, D=16, seed=37),
+    Case("long_sequence", why="a realistic size: many programs and key blocks with the default tiles",
+         B=2, H=4, Nq=1024, Nk=1024, D=64, dtype="fp16", causal=True, seed=38,
+         gpu_only="size: the interpreter would take minutes"),
+    Case("long_cross_decode", why="decode-like: few queries, many keys, default tiles", B=2, H=4, Nq=3,
+         Nk=4099, D=128, dtype="fp16", seed=39, gpu_only="size: the interpreter would take minutes"),
+]
+
+BY_NAME = {c.name: c for c in CATALOGUE}
+assert len(BY_NAME) == len(CATALOGUE), "catalogue names must be unique"
+
+
+def get(name):
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"no catalogue case named {name!r}") from None

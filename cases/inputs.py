@@ -1,0 +1,148 @@
+"""Make a case's tensors: the values (seeded), the layout (strides) and the guard bands around them.
+
+Every tensor is a view into a flat buffer of its own with guard bands before and after it, and any
+gaps of its layout between rows or heads. For q, k, v the guard and gap elements are NaN: an
+out-of-bounds or wrong-stride read that reaches the output shows as NaN. For the output they hold a
+sentinel, and the view itself starts poisoned with a NaN of a distinctive bit pattern: an element the
+kernel never writes keeps that exact pattern, and any change outside the view is an out-of-bounds write.
+"""
+from dataclasses import dataclass
+
+import torch
+
+
+def guard_size(shape):
+    """Elements of guard band before and after a tensor: enough for a whole tile (128 rows) of
+    out-of-bounds reads to land in NaN rather than in memory we do not own."""
+    return 256 + 128 * (shape[-1] + 3)
+
+# quiet NaNs with a payload no arithmetic produces: "unwritten", told apart from a computed NaN
+POISON_BITS = {torch.float32: 0x7FC5A5A5, torch.float16: 0x7E5A, torch.bfloat16: 0x7FDA}
+SENTINEL = 1234.0
+_INT_VIEW = {4: torch.int32, 2: torch.int16}
+
+
+def int_view(t):
+    """The same memory as signed integers of the element's width (bitwise comparison, NaN-proof)."""
+    return t.view(_INT_VIEW[t.element_size()])
+
+
+def poison_bits(dtype):
+    """The poison pattern as a signed integer of the element's width (fill it through int_view)."""
+    bits, width = POISON_BITS[dtype], torch.finfo(dtype).bits
+    return bits - (1 << width) if bits >= 1 << (width - 1) else bits
+
+
+def is_poison(t):
+    """Elementwise: does t still hold the poison pattern (never written)?"""
+    return int_view(t) == poison_bits(t.dtype)
+
+
+def _geometry(layout, B, H, N, D):
+    """(storage shape, permutation to (B, H, N, D), slices) of a layout; the view is
+    storage.permute(perm)[slices]."""
+    if layout == "contiguous":
+        return (B, H, N, D), (0, 1, 2, 3), None
+    if layout == "bthd":           # (B, N, H, D) storage: the usual transformer layout, transposed view
+        return (B, N, H, D), (0, 2, 1, 3), None
+    if layout == "d_major":        # (B, H, D, N) storage: unit stride along N, not along D
+        return (B, H, D, N), (0, 1, 3, 2), None
+    if layout == "gapped":         # gaps between rows (D + 3) and between heads (2 spare rows)
+        return (B, H, N + 2, D + 3), (0, 1, 2, 3), (slice(None), slice(None), slice(0, N), slice(0, D))
+    raise ValueError(layout)
+
+
+# "mixed": each tensor its own layout, so that one tensor's strides used for another's are wrong
+MIXED = {"q": "bthd", "k": "gapped", "v": "d_major", "out": "gapped"}
+
+
+@dataclass
+class Guarded:
+    """A (B, H, N, D) view `t` inside the flat buffer `flat`; `inside` marks the view's elements in flat."""
+    t: torch.Tensor
+    flat: torch.Tensor
+    inside: torch.Tensor
+
+    def outside_changed(self, before):
+        """Flat indices outside the view whose bits differ from `before` (a clone of flat)."""
+        diff = int_view(self.flat) != int_view(before)
+        return torch.nonzero(diff & ~self.inside).flatten()
+
+
+def guarded(shape, dtype, device, layout, fill):
+    """A view of `shape` in `layout`, in a flat buffer filled with `fill` (guards, gaps and view)."""
+    storage_shape, perm, slices = _geometry(layout, *shape)
+    numel = 1
+    for s in storage_shape:
+        numel *= s
+    g = guard_size(shape)
+    flat = torch.full((g + numel + g,), fill, dtype=dtype, device=device)
+    storage = flat[g:g + numel].view(storage_shape)
+    view = storage.permute(perm)
+    if slices is not None:
+        view = view[slices]
+    # mark the view's elements: write ones through the view into a same-shaped index buffer
+    marks = torch.zeros(flat.shape, dtype=torch.bool, device=device)
+    mstorage = marks[g:g + numel].view(storage_shape).permute(perm)
+    if slices is not None:
+        mstorage = mstorage[slices]
+    mstorage.fill_(True)
+    return Guarded(view, flat, marks)
+
+
+def tensor_layout(layout, which):
+    return MIXED[which] if layout == "mixed" else layout
+
+
+def values(case):
+    """The case's q, k, v as float32 CPU tensors (B, H, N, D), then rounded to the case's dtype."""
+    g = torch.Generator().manual_seed(case.seed)
+    B, H, Nq, Nk, D = case.B, case.H, case.Nq, case.Nk, case.D
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g)
+
+    if case.data == "explicit":
+        def tile(x, n):
+            t = torch.tensor(x, dtype=torch.float32)
+            if tuple(t.shape) != (n, D):
+                raise ValueError(f"case {case.name}: explicit tensor shape {tuple(t.shape)} != {(n, D)}")
+            return t.expand(B, H, n, D).clone()
+        q, k, v = tile(case.q, Nq), tile(case.k, Nk), tile(case.v, Nk)
+    else:
+        q, k, v = randn(B, H, Nq, D), randn(B, H, Nk, D), randn(B, H, Nk, D)
+        if case.data == "large":
+            # raw scores q.k of about +-1e4: exp overflows unless the running max is subtracted
+            amp = (1e4 / D ** 0.5) ** 0.5
+            q, k = q * amp, k * amp
+        elif case.data == "very_negative":
+            # every raw score about -1e4: exp underflows to 0 and 0/0 unless the max is subtracted
+            q[..., 0], k[..., 0] = 100.0, -100.0
+        elif case.data == "equal_scores":
+            k = k[:, :, :1, :].expand(B, H, Nk, D).clone()   # one key repeated: every score of a row equal
+        elif case.data == "nan_input":
+            q[..., Nq // 2, 0] = float("nan")                   # one NaN query element: its row is NaN
+    return tuple(t.to(case.torch_dtype) for t in (q, k, v))
+
+
+@dataclass
+class Inputs:
+    q: Guarded
+    k: Guarded
+    v: Guarded
+    out: Guarded
+
+
+def make_inputs(case, device, qkv=None, guard_fill=float("nan")):
+    """Place the case's values (or the given q, k, v) into guarded buffers on `device`; the output view is
+    poisoned, its surroundings hold the sentinel."""
+    q, k, v = qkv if qkv is not None else values(case)
+    dt = case.torch_dtype
+    made = {}
+    for name, src in (("q", q), ("k", k), ("v", v)):
+        gt = guarded(tuple(src.shape), dt, device, tensor_layout(case.layout, name), guard_fill)
+        gt.t.copy_(src.to(dt))
+        made[name] = gt
+    out = guarded(tuple(q.shape), dt, device, tensor_layout(case.layout, "out"), SENTINEL)
+    int_view(out.t).fill_(poison_bits(dt))
+    return Inputs(made["q"], made["k"], made["v"], out)
