@@ -1,0 +1,58 @@
+"""The flashcheck command line.
+
+    flashcheck verify [MODULE:FUNCTION]   the catalogue, oracle and properties applied to a kernel
+    flashcheck mutants [--sweep]          the bug corpus: every mutant must be killed (kill matrix)
+    flashcheck bench                      TFLOP/s of the fused kernel against torch's SDPA backends (GPU)
+    flashcheck cases                      list the catalogue
+
+Each subcommand lives in its own module (cases/verify.py, cases/mutants_cli.py, cases/bench.py) that defines
+add_arguments(parser) and run(args) -> exit code. The backend is chosen before any of them imports Triton.
+"""
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "verify": ("cases.verify", "verify an attention kernel against the catalogue and the oracle"),
+    "mutants": ("cases.mutants_cli", "run the bug corpus: every mutant must be killed"),
+    "bench": ("cases.bench", "benchmark the fused kernel against torch's attention backends (GPU)"),
+    "cases": ("cases.cli", "list the catalogue's cases"),
+}
+
+
+def add_arguments(parser):
+    parser.add_argument("--gpu-only", action="store_true", help="list only the cases that need the GPU")
+
+
+def run(args):
+    from cases import catalogue
+
+    for c in catalogue.CATALOGUE:
+        if args.gpu_only and not c.gpu_only:
+            continue
+        tag = " [gpu]" if c.gpu_only else ""
+        print(f"{c.name}{tag}\n    {c.source()}\n    why: {c.why}")
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="flashcheck", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=["cpu", "gpu"],
+                        help="force a backend (default: GPU when CUDA is available, else Triton's interpreter)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module).add_arguments(p)
+    args = parser.parse_args(argv)
+    import os
+
+    if args.backend:
+        os.environ["FLASHCHECK_BACKEND"] = args.backend
+    from cases.backend import select_backend
+
+    select_backend()
+    return importlib.import_module(SUBCOMMANDS[args.command][0]).run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
