@@ -63,11 +63,12 @@ class Case:
         f = 4 * self.B * self.H * self.Nq * self.Nk * self.D
         return f // 2 if self.causal and self.Nq == self.Nk else f
 
-    def source(self):
-        """This case in the catalogue's syntax: only the fields that differ from their defaults."""
+    def source(self, why=True):
+        """This case in the catalogue's syntax: only the fields that differ from their defaults
+        (without the `why` text when why=False, for one-line reproductions)."""
         parts = [repr(self.name)]
         for f in dataclasses.fields(self):
-            if f.name == "name":
+            if f.name == "name" or (f.name == "why" and not why):
                 continue
             value = getattr(self, f.name)
             if value != f.default:

@@ -94,7 +94,7 @@ class Verdict:
         return self.failures[0].kind if self.failures else "pass"
 
     def repro(self):
-        return f"flashcheck verify {self.target} --case \"{self.case.source()}\""
+        return f"flashcheck verify {self.target} --case \"{self.case.source(why=False)}\""
 
     def report(self):
         head = f"{'PASS' if self.passed else 'FAIL'} {self.case.name} [{self.target}]"

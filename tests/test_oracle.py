@@ -1,0 +1,149 @@
+"""The oracle must name each kind of failure: deliberately broken callables wrapped around the real kernel."""
+import numpy as np
+import pytest
+import torch
+
+from cases import oracle
+from cases.case import Case, parse_case
+from kernel import fused
+
+CASE = Case("oracle_probe", why="probe", B=2, H=2, Nq=21, Nk=27, D=16, layout="gapped", seed=3)
+
+
+def judge(kernel, case=CASE):
+    return oracle.judge(kernel, case, target="tests:broken")
+
+
+def test_real_kernel_passes():
+    verdict = judge(fused.attention)
+    assert verdict.passed, verdict.report()
+    assert 0 < verdict.tol < 1e-5   # fp32: tight enough that tf32 (~1e-3) fails
+
+
+def test_mismatch_names_first_bad_element():
+    def off_by_a_bit(q, k, v, **kw):
+        out = fused.attention(q, k, v, **kw)
+        out[1, 0, 5, 7] += 1e-3
+        return out
+    verdict = judge(off_by_a_bit)
+    assert verdict.kind == "mismatch"
+    f = verdict.failures[0]
+    assert f.where == (1, 0, 5, 7) and f.got == pytest.approx(f.expected + 1e-3, abs=1e-5)
+    text = verdict.report()
+    assert "b=1, h=0, row=5, col=7" in text and "tol" in text and "oracle_probe" in text
+    repro = text.split("repro: ")[1]
+    assert parse_case(repro.split("--case ")[1].strip('"')) == CASE.replace(why="")
+
+
+def test_tf32_sized_error_fails_fp32():
+    """A relative error of 2^-11 on the scores (tf32's rounding) must fail the fp32 tolerance."""
+    def tf32_like(q, k, v, **kw):
+        return fused.attention(q * (1 + 2.0 ** -11 * torch.randn_like(q).sign()), k, v, **kw)
+    assert judge(tf32_like).kind == "mismatch"
+
+
+def test_unwritten_rows():
+    def skips_last_row(q, k, v, *, out, **kw):
+        full = fused.attention(q, k, v, **kw)
+        out[:, :, :-1].copy_(full[:, :, :-1])
+        return out
+    verdict = judge(skips_last_row)
+    assert verdict.kind == "unwritten" and verdict.failures[0].where[2] == CASE.Nq - 1
+
+
+def test_out_of_bounds_write():
+    def writes_past_end(q, k, v, *, out, **kw):
+        fused.attention(q, k, v, out=out, **kw)
+        spill = out.as_strided((1,), (1,), out.storage_offset() + out.stride(2) * out.shape[2])
+        spill.fill_(0.0)
+        return out
+    assert judge(writes_past_end).kind == "out-of-bounds write"
+
+
+def test_input_written():
+    def scribbles_on_v(q, k, v, **kw):
+        out = fused.attention(q, k, v, **kw)
+        v.mul_(1.0)
+        v[0, 0, 0, 0] = 0.5
+        return out
+    assert judge(scribbles_on_v).kind == "input written"
+
+
+def test_out_of_bounds_read_told_from_nan():
+    def reads_a_row_too_many(q, k, v, **kw):
+        # the last key row's successor in memory: a guard or gap element (NaN in the oracle's buffers)
+        big = k.as_strided((k.shape[0], k.shape[1], k.shape[2] + 1, k.shape[3]), k.stride(), k.storage_offset())
+        bigv = v.as_strided(big.shape, v.stride(), v.storage_offset())
+        return fused.attention(q, big[:, :, 1:], bigv[:, :, 1:], **kw)
+    verdict = judge(reads_a_row_too_many)
+    assert verdict.kind == "out-of-bounds read", verdict.report()
+
+    def computes_nan(q, k, v, **kw):
+        out = fused.attention(q, k, v, **kw)
+        out[0, 1, 2, 3] = float("nan")
+        return out
+    assert judge(computes_nan).kind == "NaN"
+
+
+def test_exception_and_bad_return():
+    def raises(q, k, v, **kw):
+        raise RuntimeError("boom")
+    verdict = judge(raises)
+    assert verdict.kind == "exception" and "boom" in verdict.report()
+    assert judge(lambda q, k, v, **kw: None).kind == "bad return"
+    assert judge(lambda q, k, v, **kw: fused.attention(q, k, v).double()).kind == "bad return"
+    assert judge(lambda q, k, v, **kw: fused.attention(q, k, v)[:, :, :-1]).kind == "bad return"
+
+
+def test_hand_value_is_exact():
+    case = Case("seven_and_a_half", Nq=1, Nk=2, D=1, data="explicit", q=((1.0,),), k=((1.0,), (1.0,)),
+                v=((5.0,), (10.0,)), expected=((7.5,),), exact=True)
+    assert judge(fused.attention, case).passed
+
+    def nearly(q, k, v, **kw):
+        return fused.attention(q, k, v, **kw) + 1e-6
+    verdict = judge(nearly, case)
+    assert not verdict.passed
+
+
+def test_lse_checked():
+    def lse_in_log2(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
+        out, lse = fused.attention(q, k, v, causal=causal, scale=scale, out=out, return_lse=True)
+        return out, lse / 0.6931471805599453
+    verdict = judge(lse_in_log2)
+    assert verdict.kind == "lse"
+
+
+def test_invariants_need_no_reference():
+    """A kernel that returns the right answer for random V but not for V = 1 (rows not summing to 1) is
+    caught by the invariant layer even though the reference comparison passes."""
+    def wrong_for_constant_v(q, k, v, **kw):
+        out = fused.attention(q, k, v, **kw)
+        return out * 0.5 if bool((v == 1).all()) else out
+    verdict = judge(wrong_for_constant_v)
+    assert verdict.kind == "invariant" and "sum to 1" in verdict.report()
+
+
+def test_invariant_causal_future_keys():
+    case = Case("causal_probe", Nq=20, Nk=20, D=16, causal=True, seed=5)
+
+    def peeks_at_last_key(q, k, v, **kw):
+        out = fused.attention(q, k, v, **kw)
+        out[:, :, :1] += 1e-3 * v[:, :, -1:].abs().clamp(max=1)
+        return out
+    assert not judge(peeks_at_last_key, case).passed
+
+
+def test_tolerance_is_derived_per_dtype():
+    """fp16's tolerance comes from PyTorch's own fp16 error: far above fp32's, far below 1e-1."""
+    q, k, v = (t for t in oracle.inp.values(CASE.replace(dtype="fp16")))
+    e16 = oracle.expectation(CASE.replace(dtype="fp16"), (q, k, v), "cpu")
+    e32 = oracle.expectation(CASE, oracle.inp.values(CASE), "cpu")
+    assert 1e-4 < e16.tol < 1e-2 and e32.tol < 1e-5 and np.isfinite(e16.out).all()
+
+
+def test_case_source_round_trips():
+    from cases import catalogue
+
+    for case in catalogue.CATALOGUE:
+        assert parse_case(case.source()) == case
