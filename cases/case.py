@@ -40,7 +40,7 @@ class Case:
     expected: object = None
     exact: bool = False          # the hand value must come out bit-exact (e.g. 7.5)
     gpu_only: str = ""           # why only the compiled GPU path can judge this case (skipped on CPU)
-    sample_rows: int = 0         # > 0: judge only this many rows per (b, h) (huge cases)
+    sample_heads: int = 0        # > 0, huge cases: inputs made on the device, this many (b, h) judged
 
     def __post_init__(self):
         if self.dtype not in DTYPES:

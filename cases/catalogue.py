@@ -125,6 +125,11 @@ CATALOGUE = [
     Case("long_sequence", why="a realistic size: many programs and key blocks with the default tiles",
          B=2, H=4, Nq=1024, Nk=1024, D=64, dtype="fp16", causal=True, seed=38,
          gpu_only="size: the interpreter would take minutes"),
+    Case("offsets_over_2_31",
+         why="B*H*N*D = 2^31 elements: batch/head offsets computed in int32 wrap around and read another "
+             "head (or fault); eight (b, h) pairs judged, the last included",
+         B=1024, H=32, Nq=512, Nk=512, D=128, dtype="fp16", seed=40, sample_heads=8,
+         gpu_only="size: 4 GiB per tensor, beyond the interpreter"),
     Case("long_cross_decode", why="decode-like: few queries, many keys, default tiles", B=2, H=4, Nq=3,
          Nk=4099, D=128, dtype="fp16", seed=39, gpu_only="size: the interpreter would take minutes"),
 ]

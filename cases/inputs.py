@@ -94,13 +94,15 @@ def tensor_layout(layout, which):
     return MIXED[which] if layout == "mixed" else layout
 
 
-def values(case):
-    """The case's q, k, v as float32 CPU tensors (B, H, N, D), then rounded to the case's dtype."""
-    g = torch.Generator().manual_seed(case.seed)
+def values(case, device="cpu"):
+    """The case's q, k, v (B, H, N, D) in the case's dtype: drawn in float32 on the CPU (the same values on
+    every backend), except for huge cases (sample_heads > 0), drawn on `device` to keep them affordable."""
+    gen_device = device if case.sample_heads else "cpu"
+    g = torch.Generator(device=gen_device).manual_seed(case.seed)
     B, H, Nq, Nk, D = case.B, case.H, case.Nq, case.Nk, case.D
 
     def randn(*shape):
-        return torch.randn(*shape, generator=g)
+        return torch.randn(*shape, generator=g, device=gen_device)
 
     if case.data == "explicit":
         def tile(x, n):

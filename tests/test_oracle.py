@@ -147,3 +147,17 @@ def test_case_source_round_trips():
 
     for case in catalogue.CATALOGUE:
         assert parse_case(case.source()) == case
+
+
+def test_sampled_heads_map_failures_back():
+    """Huge cases judge a spread sample of (b, h) pairs, the last included, and report real coordinates."""
+    case = Case("sampled", B=2, H=3, Nq=9, Nk=11, D=8, seed=4, sample_heads=3)
+    assert oracle._heads(case)[0].tolist() == [0, 0, 1] and oracle._heads(case)[1].tolist() == [0, 2, 2]
+    assert judge(fused.attention, case).passed
+
+    def wrong_last_head(q, k, v, **kw):
+        out = fused.attention(q, k, v, **kw)
+        out[1, 2, 4, 6] += 1.0
+        return out
+    verdict = judge(wrong_last_head, case)
+    assert verdict.kind == "mismatch" and verdict.failures[0].where == (1, 2, 4, 6)
