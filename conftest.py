@@ -1,13 +1,22 @@
-"""Backend choice before Triton is imported, and per-worker GPU pinning.
+"""Backend choice before Triton is imported, per-worker GPU pinning, and GPU fault containment.
 
 FLASHCHECK_BACKEND=cpu|gpu forces a backend; otherwise CUDA when a GPU is visible, else Triton's
-interpreter on the CPU (TRITON_INTERPRET=1). Under pytest-xdist, worker n uses GPU n mod count.
+interpreter on the CPU (TRITON_INTERPRET=1). Under pytest-xdist, worker n uses GPU n mod count (set through
+CUDA_VISIBLE_DEVICES before CUDA starts). FLASHCHECK_WORKER_LOG=PATH appends one line per worker naming its
+device. A sticky CUDA error (illegal address) poisons a process for good: after any test that leaves one,
+the worker exits, and pytest-xdist replaces it with a fresh one, so the tests that follow still run.
 """
+import os
+import sys
+
 from cases.backend import select_backend
 
 BACKEND = select_backend()
 
 import pytest  # noqa: E402
+
+# tests/fault_demo faults the GPU on purpose; tests/test_gpu_runner.py runs it in a pytest of its own
+collect_ignore = [] if os.environ.get("FLASHCHECK_FAULT_DEMO") else ["tests/fault_demo"]
 
 
 def pytest_report_header(config):
@@ -27,10 +36,53 @@ def device():
 
 
 def pytest_collection_modifyitems(config, items):
-    if BACKEND == "gpu":
-        return
-    skip = pytest.mark.skip(reason="GPU only: needs the compiled backend (running on Triton's CPU interpreter)")
+    opt_in = pytest.mark.skip(reason="opt-in: select it with -m sanitizer (runs compute-sanitizer, slow)")
+    gpu_only = pytest.mark.skip(reason="GPU only: needs the compiled backend (running on Triton's CPU interpreter)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "sanitizer" in item.keywords and "sanitizer" not in (config.option.markexpr or ""):
+            item.add_marker(opt_in)
+        elif "gpu" in item.keywords and BACKEND != "gpu":
+            item.add_marker(gpu_only)
 
+
+
+def pytest_sessionstart(session):
+    path = os.environ.get("FLASHCHECK_WORKER_LOG")
+    if path:
+        from cases.backend import describe
+
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(path, "a") as log:
+            log.write(f"worker {worker} pid {os.getpid()}: {describe()}\n")
+
+
+def _cuda_poisoned():
+    """The text of a sticky CUDA error in this process, or None."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return None
+    try:
+        torch.cuda.synchronize()
+        torch.zeros(1, device="cuda").add_(1).item()
+    except Exception as exc:  # a sticky error surfaces on the next CUDA call, as any exception type
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    if BACKEND != "gpu":
+        return
+    poisoned = _cuda_poisoned()
+    if poisoned:
+        sys.stderr.write(f"\nflashcheck: {item.nodeid} left the CUDA context unusable ({poisoned.splitlines()[0]}); "
+                         "restarting this worker\n")
+        sys.stderr.flush()
+        os._exit(3)
+
+
+# hypothesis profiles (cases/strategies.py): dev, ci, thorough; pytest's --hypothesis-profile overrides this
+from cases.strategies import load_default_profile  # noqa: E402
+
+load_default_profile()

@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "verify": ("cases.verify", "verify an attention kernel against the catalogue and the oracle"),
     "mutants": ("cases.mutants_cli", "run the bug corpus: every mutant must be killed"),
     "bench": ("cases.bench", "benchmark the fused kernel against torch's attention backends (GPU)"),
+    "sanitize": ("cases.sanitize", "run the catalogue under compute-sanitizer memcheck (GPU)"),
     "cases": ("cases.cli", "list the catalogue's cases"),
 }
 

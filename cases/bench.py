@@ -1,0 +1,918 @@
+"""flashcheck bench: forward TFLOP/s of the fused kernel against torch's scaled_dot_product_attention.
+
+Every shape is run by four contenders on the same inputs in the same process: kernel.fused.attention and
+torch.nn.functional.scaled_dot_product_attention with one backend forced at a time through
+torch.nn.attention.sdpa_kernel (FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION). A backend that
+refuses a shape or dtype gives an "n/a" cell with torch's reason; anything that fails gives an "error" cell,
+never a crash of the run. Before timing, the kernel's output is compared with SDPA's (a fast wrong kernel is
+marked WRONG, not celebrated).
+
+Suites (--suite, default all):
+  paper   the FlashAttention paper's shapes: B*N = 16k tokens, H*D = 2048, N in 512..16k, D in {64, 128},
+          causal off and on, bf16 and fp16;
+  fp32    fp32 (the kernel's dots are ieee) against the efficient backend (flash and cuDNN have no fp32),
+          with tf32 switched off for the whole run so torch's matmuls are ieee too;
+  decode  decode-like cross-attention: Nq in {1, 16, 128} against Nk in {8k, 32k}, B=8, H=16, D=128, bf16,
+          non-causal only (SDPA's is_causal is aligned top-left, the protocol's bottom-right).
+
+FLOPs = 4*B*H*Nq*Nk*D (two matmuls of 2*Nq*Nk*D each), halved when causal and Nq == Nk. Causal with
+Nq != Nk is counted in full (no suite runs it: causal shapes must have Nq == Nk, where SDPA's top-left mask
+and the protocol's bottom-right mask agree).
+
+Timing: triton.testing.do_bench medians on the GPU (warmup/rep in ms). On the CPU the command refuses to run
+(the interpreter's timings mean nothing) unless --smoke, which runs one tiny shape through the interpreter,
+timed with time.perf_counter, to exercise the code path in CI.
+
+--sweep-blocks times the kernel with each (BLOCK_M, BLOCK_N, num_warps, num_stages) candidate and prints the
+best per shape and per group, for tuning kernel.fused.default_blocks.
+"""
+import argparse
+import csv
+import datetime
+import json
+import math
+import platform
+import re
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CONTENDERS = ("kernel", "flash", "cudnn", "efficient")
+PEERS = CONTENDERS[1:]
+SDPA_BACKEND_NAMES = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                      "math": "MATH"}
+# torch's debug warnings open each backend's list of reasons with this line.
+REFUSAL_HEADERS = {"flash": "flash attention kernel not used because",
+                   "cudnn": "cudnn attention kernel not used because",
+                   "efficient": "memory efficient kernel not used because"}
+SUITES = ("paper", "fp32", "decode")
+DTYPES = ("bf16", "fp16", "fp32")
+ELEMENT_SIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
+# Spot-check tolerance on max|kernel - SDPA|, relative to the largest |SDPA output|: rounding errors scale with
+# the output's magnitude, and the outputs of long random rows are averages far below 1, where an absolute 2e-2
+# would pass a kernel that ignores half the keys. bf16 keeps 8 significant bits (one rounding of the output is
+# up to 0.4% of the largest value), fp16 11 bits; fp32 compares ieee with ieee.
+TOLERANCE = {"bf16": 2e-2, "fp16": 1e-2, "fp32": 1e-3}
+# SDPA backends tried, in order, for the reference output. Half precision: the fused backends accumulate in
+# fp32 and never materialise the scores (math at 16k tokens needs B*H*N*N scores). fp32: math first (ieee).
+REFERENCE_ORDER = {"bf16": ("flash", "cudnn", "efficient", "math"), "fp16": ("flash", "cudnn", "efficient", "math"),
+                   "fp32": ("math", "efficient")}
+
+PAPER_TOKENS = 16384  # B*N
+PAPER_WIDTH = 2048  # H*D
+PAPER_N = (512, 1024, 2048, 4096, 8192, 16384)
+QUICK_PAPER_N = (1024, 4096, 16384)
+FP32_N = (1024, 4096)
+QUICK_FP32_N = (4096,)
+DECODE_NQ = (1, 16, 128)
+DECODE_NK = (8192, 32768)
+QUICK_DECODE_NK = (32768,)
+SUMMARY_MIN_NK = 4096
+
+# The sweep's candidates: the tiles and pipelining depths worth trying on a Hopper-class GPU.
+SWEEP_GRID = {"block_m": (64, 128), "block_n": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3, 4)}
+SMOKE_SWEEP_GRID = {"block_m": (32,), "block_n": (16, 32), "num_warps": (4,), "num_stages": (1,)}
+
+DEFAULT_OUT_DIR = Path(__file__).resolve().parent.parent / "docs" / "bench"
+CPU_REFUSAL = ("flashcheck bench: needs a CUDA GPU. The CPU backend runs Triton's interpreter, whose timings "
+               "mean nothing; use --smoke to run one tiny shape through the code path.")
+
+
+def attention_flops(B, H, Nq, Nk, D, causal):
+    """Forward FLOPs: S = QK^T and O = PV are 2*Nq*Nk*D each per (batch, head); halved when causal with
+    Nq == Nk (about half the pairs are masked). Causal with Nq != Nk is counted in full."""
+    flops = 4 * B * H * Nq * Nk * D
+    return flops // 2 if causal and Nq == Nk else flops
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One benchmark problem: q (B, H, Nq, D), k and v (B, H, Nk, D), contiguous, of one dtype."""
+    suite: str
+    dtype: str
+    B: int
+    H: int
+    Nq: int
+    Nk: int
+    D: int
+    causal: bool
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.causal and self.Nq != self.Nk:
+            # SDPA's is_causal is aligned top-left, the protocol's bottom-right: they agree only when Nq == Nk.
+            raise ValueError(f"causal shapes need Nq == Nk to compare with SDPA, got Nq={self.Nq}, Nk={self.Nk}")
+
+    @property
+    def flops(self):
+        return attention_flops(self.B, self.H, self.Nq, self.Nk, self.D, self.causal)
+
+    @property
+    def bytes(self):
+        """HBM traffic of a fused kernel: read Q, K, V, write O."""
+        return ELEMENT_SIZE[self.dtype] * self.B * self.H * self.D * (2 * self.Nq + 2 * self.Nk)
+
+    def label(self):
+        n = f"N={self.Nq}" if self.Nq == self.Nk else f"Nq={self.Nq} Nk={self.Nk}"
+        return (f"{self.suite} {self.dtype} B={self.B} H={self.H} {n} D={self.D}"
+                f"{' causal' if self.causal else ''}")
+
+
+def paper_shapes(quick=False):
+    """The FlashAttention paper's forward benchmark: 16k tokens per batch, hidden width 2048."""
+    return [Shape("paper", dtype, PAPER_TOKENS // n, PAPER_WIDTH // d, n, n, d, causal)
+            for dtype in ("bf16", "fp16") for causal in (False, True) for d in (64, 128)
+            for n in (QUICK_PAPER_N if quick else PAPER_N)]
+
+
+def fp32_shapes(quick=False):
+    return [Shape("fp32", "fp32", PAPER_TOKENS // n, PAPER_WIDTH // d, n, n, d, causal)
+            for causal in (False, True) for d in (64, 128) for n in (QUICK_FP32_N if quick else FP32_N)]
+
+
+def decode_shapes(quick=False):
+    return [Shape("decode", "bf16", 8, 16, nq, nk, 128, False)
+            for nk in (QUICK_DECODE_NK if quick else DECODE_NK) for nq in DECODE_NQ]
+
+
+def smoke_shapes():
+    """One tiny causal fp32 shape (bf16 is silently wrong in the interpreter): several key blocks and a causal
+    diagonal at the sweep's smoke tiles."""
+    return [Shape("smoke", "fp32", 1, 2, 64, 64, 16, True)]
+
+
+def select_shapes(suites=("all",), dtypes=DTYPES, quick=False):
+    """The shapes of the chosen suites ("all" for every one), keeping only the chosen dtypes."""
+    chosen = SUITES if "all" in suites else suites
+    makers = {"paper": paper_shapes, "fp32": fp32_shapes, "decode": decode_shapes}
+    return [s for name in SUITES if name in chosen for s in makers[name](quick) if s.dtype in dtypes]
+
+
+@dataclass
+class Cell:
+    """One contender on one shape: status "ok" (ms is the median), "n/a" (refused) or "error"."""
+    status: str
+    ms: float | None = None
+    note: str = ""
+
+
+@dataclass
+class Row:
+    """One shape: a cell per contender, and the spot-check of the kernel's output against SDPA's."""
+    shape: Shape
+    cells: dict = field(default_factory=dict)
+    kernel_cfg: str = ""
+    ref_backend: str = ""
+    max_abs_diff: float | None = None
+    ref_max_abs: float | None = None
+    check: str = "not run"  # ok | WRONG | no reference | error | not run
+    check_note: str = ""
+
+    def tflops(self, contender):
+        cell = self.cells.get(contender)
+        if cell is None or cell.status != "ok" or not cell.ms or cell.ms <= 0:
+            return None
+        return self.shape.flops / (cell.ms * 1e-3) / 1e12
+
+    def gbps(self, contender):
+        cell = self.cells.get(contender)
+        if cell is None or cell.status != "ok" or not cell.ms or cell.ms <= 0:
+            return None
+        return self.shape.bytes / (cell.ms * 1e-3) / 1e9
+
+    def ratio(self, peer):
+        """kernel / peer throughput (> 1: the kernel is faster), or None when either did not run."""
+        mine, theirs = self.tflops("kernel"), self.tflops(peer)
+        return mine / theirs if mine is not None and theirs is not None else None
+
+
+def judge(out, ref, dtype):
+    """Spot-check: (check, max_abs_diff, ref_max_abs). check is "ok", "WRONG" (NaN counts as wrong) or
+    "no reference" when the reference itself is not finite."""
+    ref32 = ref.float()
+    ref_max = ref32.abs().max().item()
+    diff = (out.float() - ref32).abs().max().item()
+    if not math.isfinite(ref_max):
+        return "no reference", diff, ref_max
+    # "not <=" so that a NaN difference fails
+    return ("ok" if diff <= TOLERANCE[dtype] * ref_max else "WRONG"), diff, ref_max
+
+
+def is_refusal(exc):
+    """SDPA's answer when no enabled backend accepts the inputs (CUDA and CPU word it differently)."""
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("No available kernel" in text or "No viable backend" in text)
+
+
+def refusal_reason(peer, messages):
+    """torch's reasons for refusing `peer`, from the warnings it printed while refusing. Each backend's list
+    opens with a header line; the lines about backends switched off by sdpa_kernel are noise."""
+    reasons, mine = [], False
+    for message in messages:
+        text = message.split(" (Triggered internally at")[0].strip()
+        low = text.lower()
+        if "kernel not used because" in low:
+            mine = low.startswith(REFUSAL_HEADERS[peer])
+        elif mine and text and "has been runtime disabled" not in low:
+            reasons.append(text)
+    return "; ".join(dict.fromkeys(reasons))
+
+
+def describe_error(exc):
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}"[:300]
+
+
+def cpu_time(fn, warmup_ms, rep_ms):
+    """Median wall time of fn in ms, by time.perf_counter: warm up for warmup_ms (at least one call), then
+    time calls for rep_ms (at least three)."""
+    deadline = time.perf_counter() + warmup_ms / 1e3
+    fn()
+    while time.perf_counter() < deadline:
+        fn()
+    times = []
+    deadline = time.perf_counter() + rep_ms / 1e3
+    while len(times) < 3 or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+class Runtime:
+    """torch, triton, the kernel and the timer, imported after the backend is chosen."""
+
+    def __init__(self, on_gpu, warmup, rep):
+        import torch
+        import torch.nn.functional as F
+        import triton
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        from kernel import fused
+
+        self.torch, self.triton, self.F, self.fused = torch, triton, F, fused
+        self.SDPBackend, self.sdpa_kernel = SDPBackend, sdpa_kernel
+        self.on_gpu = on_gpu
+        self.device = "cuda" if on_gpu else "cpu"
+        self.dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+        if on_gpu:
+            from triton.testing import do_bench
+
+            self.time = lambda fn: do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+            self.timer = f"triton.testing.do_bench median, warmup={warmup:g} ms, rep={rep:g} ms"
+        else:
+            self.time = lambda fn: cpu_time(fn, warmup, rep)
+            self.timer = f"time.perf_counter median (Triton interpreter), warmup={warmup:g} ms, rep={rep:g} ms"
+
+    def sync(self):
+        if self.on_gpu:
+            self.torch.cuda.synchronize()
+
+    def release(self):
+        """Hand freed blocks back between shapes (and after an out-of-memory) so one shape's peak does not
+        starve the next."""
+        if self.on_gpu:
+            self.torch.cuda.empty_cache()
+
+    def inputs(self, shape, seed=0):
+        gen = self.torch.Generator(device=self.device).manual_seed(seed)
+        dtype = self.dtypes[shape.dtype]
+        q = self.torch.randn((shape.B, shape.H, shape.Nq, shape.D), generator=gen, device=self.device, dtype=dtype)
+        k = self.torch.randn((shape.B, shape.H, shape.Nk, shape.D), generator=gen, device=self.device, dtype=dtype)
+        v = self.torch.randn((shape.B, shape.H, shape.Nk, shape.D), generator=gen, device=self.device, dtype=dtype)
+        return q, k, v
+
+    def backend_enum(self, name):
+        return getattr(self.SDPBackend, SDPA_BACKEND_NAMES[name], None)
+
+    def sdpa(self, q, k, v, causal):
+        return self.F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def reference(self, shape, q, k, v):
+        """(output, backend name, note): SDPA's output from the first backend of REFERENCE_ORDER that runs."""
+        tried = []
+        for name in REFERENCE_ORDER[shape.dtype]:
+            enum = self.backend_enum(name)
+            if enum is None:
+                tried.append(f"{name}: not in this torch")
+                continue
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    with self.sdpa_kernel([enum]):
+                        out = self.sdpa(q, k, v, shape.causal)
+                    self.sync()
+                return out, name, ""
+            except Exception as exc:  # a refusal, an out-of-memory: try the next backend
+                tried.append(f"{name}: {describe_error(exc)}")
+                self.release()
+        return None, "", "; ".join(tried)
+
+    def kernel_config(self, shape, blocks):
+        bm, bn, warps, stages = self.fused.default_blocks(shape.Nq, shape.Nk, shape.D, self.dtypes[shape.dtype])
+        if blocks:
+            bm, bn = blocks
+        return f"{bm}x{bn} w{warps} s{stages}"
+
+    def measure(self, fn):
+        """(Cell, output of a trial call). The trial call compiles, and shows failures before the timer runs."""
+        try:
+            out = fn()
+            self.sync()
+        except Exception as exc:
+            self.release()
+            return Cell("error", note=describe_error(exc)), None
+        try:
+            return Cell("ok", ms=float(self.time(fn))), out
+        except Exception as exc:
+            self.release()
+            return Cell("error", note=describe_error(exc)), out
+
+    def measure_sdpa(self, peer, q, k, v, causal):
+        enum = self.backend_enum(peer)
+        if enum is None:
+            return Cell("n/a", note=f"torch {self.torch.__version__} has no SDPBackend.{SDPA_BACKEND_NAMES[peer]}")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                with self.sdpa_kernel([enum]):
+                    self.sdpa(q, k, v, causal)
+                self.sync()
+            except Exception as exc:
+                if is_refusal(exc):
+                    reason = refusal_reason(peer, [str(w.message) for w in caught])
+                    return Cell("n/a", note=reason or describe_error(exc))
+                self.release()
+                return Cell("error", note=describe_error(exc))
+        with self.sdpa_kernel([enum]):
+            cell, _ = self.measure(lambda: self.sdpa(q, k, v, causal))
+        return cell
+
+    def bench_shape(self, shape, blocks):
+        """One Row: the kernel (spot-checked against SDPA), then each forced SDPA backend, on one set of inputs."""
+        row = Row(shape)
+        try:
+            row.kernel_cfg = self.kernel_config(shape, blocks)
+            q, k, v = self.inputs(shape)
+            ref, row.ref_backend, ref_note = self.reference(shape, q, k, v)
+            bm, bn = blocks or (None, None)
+            row.cells["kernel"], out = self.measure(
+                lambda: self.fused.attention(q, k, v, causal=shape.causal, block_m=bm, block_n=bn))
+            if ref is None:
+                row.check, row.check_note = "no reference", ref_note
+            elif out is None:
+                row.check, row.check_note = "error", "the kernel did not run"
+            else:
+                row.check, row.max_abs_diff, row.ref_max_abs = judge(out, ref, shape.dtype)
+            del out, ref
+            for peer in PEERS:
+                row.cells[peer] = self.measure_sdpa(peer, q, k, v, shape.causal)
+        except Exception as exc:  # a fault outside any one contender (inputs, out of memory): record, go on
+            note = describe_error(exc)
+            for name in CONTENDERS:
+                row.cells.setdefault(name, Cell("error", note=note))
+            if row.check == "not run":
+                row.check, row.check_note = "error", note
+        finally:
+            self.release()
+        return row
+
+    def launch_fused(self, q, k, v, causal, block_m, block_n, num_warps, num_stages):
+        """kernel.fused._attn_fwd launched with explicit meta-parameters, with the arguments that
+        kernel.fused.attention() passes (it takes block_m/block_n but not num_warps/num_stages). Keep in step
+        with attention(): tests/test_bench.py checks that both give the same output."""
+        from kernel._protocol import check_attention_inputs
+
+        fused = self.fused
+        B, H, Nq, Nk, D, scale = check_attention_inputs(q, k, v, causal, None, None, block_m, block_n)
+        out = self.torch.empty_like(q, memory_format=self.torch.contiguous_format)
+        lse = self.torch.empty((B, H, Nq), dtype=self.torch.float32, device=q.device)
+        grid = (self.triton.cdiv(Nq, block_m), B * H)
+        fused._attn_fwd[grid](
+            q, k, v, out, lse, scale * fused.LOG2E,
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
+            H, Nq, Nk,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=fused.head_dim_block(D), HEAD_DIM=D,
+            IS_CAUSAL=causal, STORE_LSE=False, INPUT_PRECISION="ieee",
+            num_warps=num_warps, num_stages=num_stages)
+        return out
+
+    def sweep_shape(self, shape, candidates):
+        """A SweepRecord per candidate (BLOCK_M, BLOCK_N, num_warps, num_stages) and for the kernel's default
+        configuration, each output spot-checked against SDPA's."""
+        default = tuple(self.fused.default_blocks(shape.Nq, shape.Nk, shape.D, self.dtypes[shape.dtype]))
+        configs = list(candidates) + ([default] if default not in candidates else [])
+        records = []
+        try:
+            q, k, v = self.inputs(shape)
+            ref, _, ref_note = self.reference(shape, q, k, v)
+            for config in configs:
+                cell, out = self.measure(lambda: self.launch_fused(q, k, v, shape.causal, *config))
+                if ref is None:
+                    check, diff, note = "no reference", None, ref_note
+                elif out is None:
+                    check, diff, note = "error", None, "the kernel did not run"
+                else:
+                    check, diff, _ = judge(out, ref, shape.dtype)
+                    note = ""
+                del out
+                records.append(SweepRecord(shape, config, config == default, cell, check, diff, note))
+        except Exception as exc:  # inputs or reference failed: every remaining candidate is an error
+            done = {r.config for r in records}
+            note = describe_error(exc)
+            records += [SweepRecord(shape, c, c == default, Cell("error", note=note), "error", None, note)
+                        for c in configs if c not in done]
+        finally:
+            self.release()
+        return records
+
+
+@dataclass
+class SweepRecord:
+    """One kernel configuration on one shape."""
+    shape: Shape
+    config: tuple  # (block_m, block_n, num_warps, num_stages)
+    is_default: bool
+    cell: Cell
+    check: str
+    max_abs_diff: float | None
+    note: str = ""
+
+    def tflops(self):
+        if self.cell.status != "ok" or not self.cell.ms or self.cell.ms <= 0:
+            return None
+        return self.shape.flops / (self.cell.ms * 1e-3) / 1e12
+
+    def good(self):
+        return self.tflops() is not None and self.check == "ok"
+
+
+def config_text(config):
+    bm, bn, warps, stages = config
+    return f"{bm}x{bn} w{warps} s{stages}"
+
+
+def sweep_candidates(smoke=False, blocks=None):
+    """Every (block_m, block_n, num_warps, num_stages) of the grid; --blocks pins the tile and sweeps the rest."""
+    grid = SMOKE_SWEEP_GRID if smoke else SWEEP_GRID
+    bms, bns = ((blocks[0],), (blocks[1],)) if blocks else (grid["block_m"], grid["block_n"])
+    return [(bm, bn, w, s) for bm in bms for bn in bns for w in grid["num_warps"] for s in grid["num_stages"]]
+
+
+def group_key(shape):
+    return shape.suite, shape.dtype, shape.D, shape.causal
+
+
+def group_text(key):
+    suite, dtype, d, causal = key
+    return f"{suite} {dtype} D={d} {'causal' if causal else 'non-causal'}"
+
+
+def geomean(values):
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def best_configs(records):
+    """(per shape, per group) winners among the candidates that ran and passed the spot-check. A group's
+    winner has the best geometric-mean TFLOP/s over the group's shapes, among configs good on all of them."""
+    per_shape = []
+    by_shape = {}
+    for r in records:
+        by_shape.setdefault(r.shape, []).append(r)
+    for shape, rs in by_shape.items():
+        good = [r for r in rs if r.good()]
+        default = next((r for r in rs if r.is_default), None)
+        best = max(good, key=lambda r: r.tflops()) if good else None
+        per_shape.append({
+            "shape": shape.label(), "best": config_text(best.config) if best else None,
+            "best_tflops": best.tflops() if best else None,
+            "default": config_text(default.config) if default else None,
+            "default_tflops": default.tflops() if default and default.good() else None,
+            "candidates": len(rs), "good": len(good)})
+    per_group = []
+    groups = {}
+    for shape in by_shape:
+        groups.setdefault(group_key(shape), []).append(shape)
+    for key, shapes in groups.items():
+        scores = {}
+        for shape in shapes:
+            for r in by_shape[shape]:
+                scores.setdefault(r.config, {})[shape] = r.tflops() if r.good() else None
+        complete = {cfg: geomean(list(v.values())) for cfg, v in scores.items()
+                    if len(v) == len(shapes) and None not in v.values()}
+        best = max(complete, key=complete.get) if complete else None
+        # The default may differ between the group's shapes (default_blocks sees Nq and Nk): each shape's own.
+        defaults = [r for shape in shapes for r in by_shape[shape] if r.is_default]
+        default_good = len(defaults) == len(shapes) and all(r.good() for r in defaults)
+        entry = {"group": group_text(key), "shapes": len(shapes),
+                 "best": config_text(best) if best else None, "best_tflops": complete.get(best),
+                 "default": " / ".join(dict.fromkeys(config_text(r.config) for r in defaults)) or None,
+                 "default_tflops": geomean([r.tflops() for r in defaults]) if default_good else None}
+        both = entry["best_tflops"] and entry["default_tflops"]
+        entry["speedup"] = entry["best_tflops"] / entry["default_tflops"] if both else None
+        per_group.append(entry)
+    return per_shape, per_group
+
+
+def summarize(rows, min_nk=SUMMARY_MIN_NK):
+    """Median kernel/peer ratio per (suite, dtype, D, causal) over the shapes with Nk >= min_nk where the kernel
+    was timed and its output passed the spot-check (a WRONG kernel's speed is not counted)."""
+    groups = {}
+    for r in rows:
+        if r.shape.Nk >= min_nk and r.check == "ok" and r.tflops("kernel") is not None:
+            groups.setdefault(group_key(r.shape), []).append(r)
+    summary = []
+    for key, rs in groups.items():
+        suite, dtype, d, causal = key
+        entry = {"suite": suite, "dtype": dtype, "D": d, "causal": causal, "shapes": len(rs)}
+        for peer in PEERS:
+            ratios = [x for x in (r.ratio(peer) for r in rs) if x is not None]
+            entry[f"kernel/{peer}"] = statistics.median(ratios) if ratios else None
+            entry[f"n_{peer}"] = len(ratios)
+        summary.append(entry)
+    return summary
+
+
+def _fmt(x, spec=".3g"):
+    return "-" if x is None else format(x, spec)
+
+
+def _columns_text(headers, body, left):
+    """Fixed-width columns; the first `left` are left-aligned (names), the rest right-aligned (numbers)."""
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *body)]
+    lines = []
+    for values in [headers, *body]:
+        parts = [str(v).ljust(w) if i < left else str(v).rjust(w) for i, (v, w) in enumerate(zip(values, widths))]
+        lines.append("  ".join(parts).rstrip())
+    return lines
+
+
+def format_table(rows):
+    """The per-shape table: TFLOP/s of each contender, kernel/peer ratios, the spot-check; n/a and error cells
+    point to numbered notes below the table."""
+    notes = {}
+
+    def noted(text, note):
+        if not note:
+            return text
+        return f"{text}[{notes.setdefault(note, len(notes) + 1)}]"
+
+    headers = ["suite", "dtype", "B", "H", "Nq", "Nk", "D", "causal", *CONTENDERS,
+               *(f"k/{p}" for p in PEERS), "kernel cfg", "max|diff|", "check"]
+    body = []
+    for r in rows:
+        s = r.shape
+        cells = []
+        for c in CONTENDERS:
+            cell = r.cells.get(c)
+            if cell is None:
+                cells.append("-")
+            elif cell.status == "ok":
+                cells.append(_fmt(r.tflops(c)))
+            else:
+                cells.append(noted(cell.status, f"{c} {cell.status}: {cell.note}"))
+        check_note = f"check {r.check}: {r.check_note}" if r.check_note else ""
+        body.append([s.suite, s.dtype, s.B, s.H, s.Nq, s.Nk, s.D, "yes" if s.causal else "no", *cells,
+                     *(_fmt(r.ratio(p), ".2f") for p in PEERS), r.kernel_cfg, _fmt(r.max_abs_diff, ".2g"),
+                     noted(r.check, check_note)])
+    lines = ["TFLOP/s (FLOPs = 4*B*H*Nq*Nk*D, halved when causal with Nq == Nk); k/peer > 1: the kernel is faster"]
+    lines += _columns_text(headers, body, left=2)
+    lines += [f"[{n}] {text}" for text, n in notes.items()]
+    return "\n".join(lines)
+
+
+def format_summary(summary):
+    if not summary:
+        return f"summary: no spot-checked shape with Nk >= {SUMMARY_MIN_NK}"
+    headers = ["suite", "dtype", "D", "causal", "shapes", *(f"k/{p}" for p in PEERS)]
+    body = [[e["suite"], e["dtype"], e["D"], "yes" if e["causal"] else "no", e["shapes"],
+             *(_fmt(e[f"kernel/{p}"], ".2f") for p in PEERS)] for e in summary]
+    return "\n".join([f"median kernel/peer TFLOP/s ratio over shapes with Nk >= {SUMMARY_MIN_NK}:",
+                      *_columns_text(headers, body, left=2)])
+
+
+def format_sweep(per_shape, per_group):
+    lines = ["best kernel configuration (BLOCK_M x BLOCK_N, num_warps, num_stages) per shape:"]
+    body = [[e["shape"], e["best"] or "none", _fmt(e["best_tflops"]), e["default"] or "-",
+             _fmt(e["default_tflops"]), f"{e['good']}/{e['candidates']}"] for e in per_shape]
+    lines += _columns_text(["shape", "best", "TFLOP/s", "default", "TFLOP/s", "good"], body, left=2)
+    lines.append("best per group (geometric mean TFLOP/s over the group's shapes):")
+    body = [[e["group"], e["best"] or "none", _fmt(e["best_tflops"]), e["default"] or "-",
+             _fmt(e["default_tflops"]), _fmt(e["speedup"], ".2f")] for e in per_group]
+    lines += _columns_text(["group", "best", "TFLOP/s", "default", "TFLOP/s", "speedup"], body, left=2)
+    return "\n".join(lines)
+
+
+def _num(x):
+    """A float for JSON and CSV: finite as is, NaN/inf as text (strict JSON has no NaN)."""
+    if x is None:
+        return None
+    return x if math.isfinite(x) else str(x)
+
+
+SHAPE_COLUMNS = ["suite", "dtype", "B", "H", "Nq", "Nk", "D", "causal", "flops", "bytes"]
+CSV_COLUMNS = (SHAPE_COLUMNS
+               + [f"{c}_{x}" for c in CONTENDERS for x in ("status", "ms", "tflops", "gbps", "note")]
+               + [f"kernel/{p}" for p in PEERS]
+               + ["kernel_cfg", "ref_backend", "max_abs_diff", "ref_max_abs", "tolerance", "check", "check_note"])
+SWEEP_COLUMNS = (SHAPE_COLUMNS + ["block_m", "block_n", "num_warps", "num_stages", "is_default", "status", "ms",
+                                  "tflops", "max_abs_diff", "check", "note"])
+
+
+def _shape_record(s):
+    return {"suite": s.suite, "dtype": s.dtype, "B": s.B, "H": s.H, "Nq": s.Nq, "Nk": s.Nk, "D": s.D,
+            "causal": s.causal, "flops": s.flops, "bytes": s.bytes}
+
+
+def row_record(r):
+    """One Row as a flat dict keyed by CSV_COLUMNS."""
+    rec = _shape_record(r.shape)
+    for c in CONTENDERS:
+        cell = r.cells.get(c, Cell("error", note="not run"))
+        rec.update({f"{c}_status": cell.status, f"{c}_ms": _num(cell.ms), f"{c}_tflops": _num(r.tflops(c)),
+                    f"{c}_gbps": _num(r.gbps(c)), f"{c}_note": cell.note})
+    rec.update({f"kernel/{p}": _num(r.ratio(p)) for p in PEERS})
+    rec.update({"kernel_cfg": r.kernel_cfg, "ref_backend": r.ref_backend, "max_abs_diff": _num(r.max_abs_diff),
+                "ref_max_abs": _num(r.ref_max_abs), "tolerance": TOLERANCE[r.shape.dtype], "check": r.check,
+                "check_note": r.check_note})
+    return rec
+
+
+def sweep_record(r):
+    rec = _shape_record(r.shape)
+    bm, bn, warps, stages = r.config
+    rec.update({"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages, "is_default": r.is_default,
+                "status": r.cell.status, "ms": _num(r.cell.ms), "tflops": _num(r.tflops()),
+                "max_abs_diff": _num(r.max_abs_diff), "check": r.check, "note": r.cell.note or r.note})
+    return rec
+
+
+def _csv_value(x):
+    if x is None:
+        return ""
+    return format(x, ".6g") if isinstance(x, float) else x
+
+
+def write_csv(path, meta, columns, records):
+    """Header lines "# key: value" (GPU, versions, date, options), then one row per record."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        for key, value in meta.items():
+            f.write(f"# {key}: {' '.join(str(value).split())}\n")
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for rec in records:
+            writer.writerow({k: _csv_value(rec[k]) for k in columns})
+
+
+def write_json(path, document):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(document, f, indent=1, allow_nan=False)
+        f.write("\n")
+
+
+def plot(rows, meta, path):
+    """A PNG: one panel per (suite, dtype, D, causal) (decode: per Nk too), TFLOP/s of each contender against
+    the sequence length. Returns None, or why no plot was written (matplotlib is optional).
+
+    Drawn with matplotlib from the measured rows rather than through triton.testing.perf_report, which
+    re-runs its function per point, needs pandas and writes one file per Benchmark."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed"
+    panels = {}
+    for r in rows:
+        s = r.shape
+        key = group_text(group_key(s)) + ("" if s.Nq == s.Nk else f" Nk={s.Nk}")
+        panels.setdefault(key, []).append(r)
+    if not panels:
+        return "no results to plot"
+    ncols = min(4, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(4.4 * ncols, 7.0), 3.4 * nrows + 0.6), squeeze=False)
+    for ax, (title, rs) in zip(axes.flat, panels.items()):
+        rs = sorted(rs, key=lambda r: r.shape.Nq)
+        xs = [r.shape.Nq for r in rs]
+        for c in CONTENDERS:
+            ys = [r.tflops(c) for r in rs]
+            if any(y is not None for y in ys):
+                ax.plot(xs, [math.nan if y is None else y for y in ys], marker="o", label=c)
+        wrong = [(r.shape.Nq, r.tflops("kernel")) for r in rs if r.check == "WRONG" and r.tflops("kernel")]
+        if wrong:
+            ax.scatter(*zip(*wrong), marker="x", s=80, color="red", zorder=3, label="kernel WRONG")
+        ax.set_xscale("log", base=2)
+        ax.minorticks_off()
+        ax.set_xticks(xs)
+        ax.set_xticklabels([str(x) for x in xs], fontsize=7)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("N" if all(r.shape.Nq == r.shape.Nk for r in rs) else "Nq")
+        ax.set_ylabel("TFLOP/s")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(f"flashcheck bench: {meta.get('gpu', meta.get('device'))}\n"
+                 f"torch {meta['torch']}, triton {meta['triton']}, {meta['date']}", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def options_text(args):
+    parts = ["--smoke"] if args.smoke else [f"--suite {' '.join(args.suite)}", f"--dtypes {' '.join(args.dtypes)}"]
+    if args.quick and not args.smoke:
+        parts.append("--quick")
+    parts += [f"--warmup {args.warmup:g}", f"--rep {args.rep:g}"]
+    if args.blocks:
+        parts.append(f"--blocks {args.blocks[0]}x{args.blocks[1]}")
+    if args.sweep_blocks:
+        parts.append("--sweep-blocks")
+    return " ".join(parts)
+
+
+def collect_meta(rt, args, date):
+    torch = rt.torch
+    meta = {"tool": "flashcheck bench", "options": options_text(args), "date": date}
+    if rt.on_gpu:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        meta.update({"gpu": props.name, "capability": f"{props.major}.{props.minor}",
+                     "gpu_memory_gib": round(props.total_memory / 2**30, 1)})
+    else:
+        meta["device"] = "CPU (Triton interpreter)"
+    meta.update({"torch": torch.__version__, "triton": rt.triton.__version__, "cuda": torch.version.cuda or "none",
+                 "cudnn": str(torch.backends.cudnn.version()), "python": platform.python_version(),
+                 "timer": rt.timer, "tf32": "off (torch.backends.cuda.matmul.allow_tf32 = False, cudnn too)",
+                 "flops": "4*B*H*Nq*Nk*D, halved when causal and Nq == Nk",
+                 "check": "max|kernel - SDPA| <= tol * max|SDPA|, tol " +
+                          ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items()),
+                 "kernel_blocks": (f"{args.blocks[0]}x{args.blocks[1]} (--blocks)" if args.blocks
+                                   else "kernel.fused.default_blocks")})
+    return meta
+
+
+def output_paths(args):
+    base = ("smoke" if args.smoke else "bench") + ("_sweep" if args.sweep_blocks else "")
+    out_dir = Path(args.out_dir)
+    return {"csv": Path(args.csv) if args.csv else out_dir / f"{base}.csv",
+            "plot": Path(args.plot) if args.plot else out_dir / f"{base}.png",
+            "json": Path(args.json) if args.json else out_dir / f"{base}.json"}
+
+
+def parse_blocks(text):
+    """"BMxBN" -> (BM, BN), powers of two."""
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"want BMxBN, for example 128x64; got {text!r}")
+    bm, bn = int(m[1]), int(m[2])
+    for b in (bm, bn):
+        if b < 1 or b & (b - 1):
+            raise argparse.ArgumentTypeError(f"block sizes must be powers of two, got {text!r}")
+    return bm, bn
+
+
+def _positive_ms(text):
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"want a positive number of milliseconds, got {text!r}")
+    return value
+
+
+def add_arguments(parser):
+    parser.add_argument("--suite", nargs="+", choices=(*SUITES, "all"), default=["all"],
+                        help="paper (FlashAttention paper shapes), fp32 (ieee, against efficient), decode "
+                             "(Nq in 1..128 against Nk in 8k..32k); default all")
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES),
+                        help="keep only the shapes of these dtypes (default all)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"reduced set: paper N in {QUICK_PAPER_N}, fp32 N in {QUICK_FP32_N}, "
+                             f"decode Nk in {QUICK_DECODE_NK}")
+    parser.add_argument("--warmup", type=_positive_ms, default=25.0, help="do_bench warmup, ms (default 25)")
+    parser.add_argument("--rep", type=_positive_ms, default=100.0, help="do_bench repetition time, ms (default 100)")
+    parser.add_argument("--blocks", type=parse_blocks, metavar="BMxBN",
+                        help="force the kernel's BLOCK_M x BLOCK_N (default: kernel.fused.default_blocks)")
+    parser.add_argument("--sweep-blocks", action="store_true",
+                        help="time the kernel with every (BLOCK_M, BLOCK_N, num_warps, num_stages) candidate "
+                             "and print the best (with --blocks: sweep warps and stages only)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one tiny shape (on the CPU through Triton's interpreter): exercises the code path")
+    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
+                        help="where bench.csv/.png/.json go (smoke.*, bench_sweep.* for the other modes)")
+    parser.add_argument("--csv", type=Path, help="CSV path (default OUT_DIR/bench.csv)")
+    parser.add_argument("--plot", type=Path, help="PNG path (default OUT_DIR/bench.png; needs matplotlib)")
+    parser.add_argument("--json", type=Path, help="JSON sidecar path (default OUT_DIR/bench.json)")
+
+
+def _progress(text):
+    print(text, file=sys.stderr, flush=True)
+
+
+def _row_progress(row):
+    parts = [f"{c} {_fmt(row.tflops(c)) if row.cells[c].status == 'ok' else row.cells[c].status}"
+             for c in CONTENDERS if c in row.cells]
+    return (f"    TFLOP/s: {', '.join(parts)}; check {row.check}"
+            + (f" (max|diff| {_fmt(row.max_abs_diff, '.2g')}, ref {row.ref_backend})" if row.ref_backend else ""))
+
+
+def run(args):
+    from cases.backend import backend
+
+    on_gpu = backend() == "gpu"
+    if not on_gpu and not args.smoke:
+        print(CPU_REFUSAL, file=sys.stderr)
+        return 2
+    shapes = smoke_shapes() if args.smoke else select_shapes(args.suite, args.dtypes, args.quick)
+    if not shapes:
+        print(f"flashcheck bench: no shape in --suite {' '.join(args.suite)} has a dtype in "
+              f"--dtypes {' '.join(args.dtypes)}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    rt = Runtime(on_gpu, args.warmup, args.rep)
+    # Everything that can fail outside the measurements is done before them, so that a failure costs no
+    # device time and finished measurements are never lost to it.
+    meta = collect_meta(rt, args, date)
+    paths = output_paths(args)
+    for path in paths.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    from reference.torch_ref import no_tf32
+
+    # tf32 off for the whole run: the fp32 peers and the fp32 reference then multiply in ieee, like the kernel.
+    with no_tf32():
+        if args.sweep_blocks:
+            return _run_sweep(rt, args, shapes, paths, meta, started)
+        # flash and cuDNN refuse fp32 at once: two timings per fp32 shape
+        timings = sum(2 if s.dtype == "fp32" else len(CONTENDERS) for s in shapes)
+        _progress(f"flashcheck bench: {len(shapes)} shapes x {len(CONTENDERS)} contenders on {rt.device}, "
+                  f"{rt.timer}; about {estimate_seconds(timings, args.warmup, args.rep):.0f} s plus compilation")
+        rows = []
+        for i, shape in enumerate(shapes, 1):
+            _progress(f"[{i}/{len(shapes)}] {shape.label()}")
+            rows.append(rt.bench_shape(shape, args.blocks))
+            _progress(_row_progress(rows[-1]))
+    summary = summarize(rows)
+    try:
+        plot_note = plot(rows, meta, paths["plot"])
+    except Exception as exc:  # the plot is a convenience: never lose the measurements to it
+        plot_note = f"plot failed: {describe_error(exc)}"
+    meta["plot"] = str(paths["plot"]) if plot_note is None else f"skipped: {plot_note}"
+    meta["wall_s"] = round(time.perf_counter() - started, 1)
+    write_csv(paths["csv"], meta, CSV_COLUMNS, [row_record(r) for r in rows])
+    write_json(paths["json"], {"meta": meta, "results": [row_record(r) for r in rows], "summary": summary})
+    print(format_table(rows))
+    print()
+    print(format_summary(summary))
+    _progress(f"wrote {paths['csv']}, {paths['json']}"
+              + (f", {paths['plot']}" if plot_note is None else f"; plot {meta['plot']}"))
+    bad = [r for r in rows if r.check != "ok" or r.cells["kernel"].status != "ok"]
+    if bad:
+        _progress(f"flashcheck bench: the kernel failed, was WRONG or was not checked on {len(bad)} of "
+                  f"{len(rows)} shapes (see the check column)")
+        return 1
+    return 0
+
+
+def estimate_seconds(timings, warmup, rep):
+    """Rough wall time of `timings` do_bench calls: warmup + rep each, plus about half again (do_bench's
+    runtime estimate and L2 flushes, the trial call), compilation not included."""
+    return timings * (warmup + rep) / 1e3 * 1.5
+
+
+def _run_sweep(rt, args, shapes, paths, meta, started):
+    candidates = sweep_candidates(args.smoke, args.blocks)
+    _progress(f"flashcheck bench --sweep-blocks: {len(shapes)} shapes x {len(candidates)} candidates "
+              f"(+ the default where it is not one) on {rt.device}, {rt.timer}; about "
+              f"{estimate_seconds(len(shapes) * (len(candidates) + 1), args.warmup, args.rep):.0f} s plus compilation")
+    records = []
+    for i, shape in enumerate(shapes, 1):
+        _progress(f"[{i}/{len(shapes)}] {shape.label()}")
+        records += rt.sweep_shape(shape, candidates)
+        good = [r for r in records if r.shape == shape and r.good()]
+        if good:
+            best = max(good, key=lambda r: r.tflops())
+            _progress(f"    best {config_text(best.config)}: {_fmt(best.tflops())} TFLOP/s "
+                      f"({len(good)} good candidates)")
+        else:
+            _progress("    no candidate ran and passed the check")
+    per_shape, per_group = best_configs(records)
+    meta["wall_s"] = round(time.perf_counter() - started, 1)
+    write_csv(paths["csv"], meta, SWEEP_COLUMNS, [sweep_record(r) for r in records])
+    write_json(paths["json"], {"meta": meta, "records": [sweep_record(r) for r in records],
+                               "best_per_shape": per_shape, "best_per_group": per_group})
+    print(format_sweep(per_shape, per_group))
+    _progress(f"wrote {paths['csv']}, {paths['json']}")
+    return 0 if all(e["best"] for e in per_shape) else 1

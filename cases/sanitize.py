@@ -1,0 +1,109 @@
+"""`flashcheck sanitize`: the catalogue under compute-sanitizer's memcheck (GPU only).
+
+The oracle's guard bands turn a stray read into a NaN in the output, but only when the stray value reaches
+the output: a read that is masked out later (a K/V load mask combined with + instead of &, whose extra rows
+get -inf scores and weight 0) changes nothing visible. memcheck sees the access itself. Here the inputs are
+plain tensors of their exact size and PyTorch's caching allocator is off (PYTORCH_NO_CUDA_MEMORY_CACHING=1),
+so every tensor is its own allocation and an access past its end is reported.
+
+    flashcheck sanitize                               # the fused kernel, every catalogue case that fits
+    flashcheck sanitize --mutant kv_mask_plus --mutant store_no_row_mask
+    flashcheck sanitize --target kernel.unfused:attention
+
+Each target runs in its own `compute-sanitizer --tool memcheck` process; the report gives memcheck's error
+count per target. Exit 0 when every real kernel is clean and every named mutant is flagged.
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+ENV_INNER = "FLASHCHECK_SANITIZE_INNER"
+
+
+def add_arguments(parser):
+    parser.add_argument("--target", action="append", default=[],
+                        help="MODULE:FUNCTION to check (default kernel.fused:attention); repeatable")
+    parser.add_argument("--mutant", action="append", default=[],
+                        help="a bug-corpus mutant that memcheck must flag; repeatable")
+    parser.add_argument("--sanitizer", default="compute-sanitizer", help="path of compute-sanitizer")
+    parser.add_argument("--max-elements", type=int, default=1 << 24,
+                        help="skip cases with more elements per tensor (memcheck is slow)")
+    parser.add_argument("--inner", help=argparse.SUPPRESS)
+
+
+def _cases(max_elements):
+    from cases import catalogue
+
+    return [c for c in catalogue.CATALOGUE if c.B * c.H * max(c.Nq, c.Nk) * c.D <= max_elements]
+
+
+def _inner(spec, max_elements):
+    """Runs inside compute-sanitizer: every case once on plain, exact-size tensors."""
+    import torch
+
+    from cases import inputs
+
+    if spec.startswith("mutant:"):
+        from cases import mutants
+
+        name = spec.split(":", 1)[1]
+        attention = mutants.load(next(m for m in mutants.MUTANTS if m.name == name)).attention
+    else:
+        from cases.isolate import load_target
+
+        attention = load_target(spec)
+    for case in _cases(max_elements):
+        q, k, v = (t.cuda().contiguous() for t in inputs.values(case))
+        kwargs = {"causal": case.causal}
+        if case.scale is not None:
+            kwargs["scale"] = case.scale
+        try:
+            attention(q, k, v, **kwargs)
+            torch.cuda.synchronize()
+        except Exception as exc:  # a fault ends this process's usefulness; memcheck has recorded it
+            print(f"case {case.name}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", flush=True)
+            return 1
+    return 0
+
+
+def _errors(output):
+    found = re.findall(r"ERROR SUMMARY: (\d+) error", output)
+    return int(found[-1]) if found else None
+
+
+def run(args):
+    if args.inner:
+        return _inner(args.inner, args.max_elements)
+    from cases.backend import backend
+
+    if backend() != "gpu":
+        print("flashcheck sanitize: compute-sanitizer needs the GPU backend", file=sys.stderr)
+        return 2
+    tool = shutil.which(args.sanitizer) or args.sanitizer
+    if not os.path.exists(tool):
+        print(f"flashcheck sanitize: {args.sanitizer} not found (it ships with the CUDA toolkit)", file=sys.stderr)
+        return 2
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", **{ENV_INNER: "1"})
+    specs = [(t, False) for t in (args.target or ["kernel.fused:attention"])]
+    specs += [(f"mutant:{m}", True) for m in args.mutant]
+    ok = True
+    for spec, must_flag in specs:
+        t0 = time.perf_counter()
+        cmd = [tool, "--tool", "memcheck", "--print-limit", "5", sys.executable, "-m", "cases",
+               "--backend", "gpu", "sanitize", "--inner", spec, "--max-elements", str(args.max_elements)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        output = proc.stdout + proc.stderr
+        errors = _errors(output)
+        good = (errors is not None and errors > 0) if must_flag else (errors == 0 and proc.returncode == 0)
+        ok &= good
+        verdict = "flagged" if must_flag and good else "clean" if good else "UNEXPECTED"
+        print(f"{spec}: memcheck errors {errors}, exit {proc.returncode}, {time.perf_counter() - t0:.1f} s -> {verdict}")
+        if not good or must_flag:
+            first = [ln for ln in output.splitlines() if "Invalid" in ln or "ERROR" in ln or "case " in ln][:4]
+            for line in first:
+                print("    " + line.strip())
+    return 0 if ok else 1

@@ -1,0 +1,44 @@
+"""The GPU runner: device faults stay contained, workers restart cleanly, memcheck sees out-of-bounds access."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(args, **env):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=ROOT, **env))
+
+
+def test_device_fault_is_isolated_and_reported(tmp_path):
+    """verify runs a kernel that faults the device: each case is reported as a device fault (the worker
+    process is replaced after each fault), and this process's CUDA context is untouched."""
+    report = tmp_path / "verify.json"
+    proc = _run(["-m", "cases", "verify", "tests/faulty_kernels.py:attention",
+                 "--only", "hand_one_query_two_keys,partial_last_query_block", "--json", str(report)])
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    results = json.loads(report.read_text())["results"]
+    assert [r["kind"] for r in results] == ["device fault", "device fault"], results
+    assert torch.ones(3, device="cuda").sum().item() == 3
+
+
+def test_escaped_fault_restarts_the_worker():
+    """A fault inside a pytest worker: that test fails, the worker exits, xdist starts a fresh one, and the
+    next test passes."""
+    proc = _run(["-m", "pytest", "-n", "1", "-p", "no:cacheprovider", "tests/fault_demo"],
+                FLASHCHECK_FAULT_DEMO="1")
+    out = proc.stdout + proc.stderr
+    assert "1 failed, 1 passed" in out, out[-3000:]
+    assert "test_b_runs_after_the_fault" not in [ln for ln in out.splitlines() if ln.startswith("FAILED")]
+
+
+@pytest.mark.sanitizer
+def test_memcheck_clean_kernel_and_flagged_mutants():
+    proc = _run(["-m", "cases", "sanitize", "--mutant", "kv_mask_plus", "--mutant", "store_no_row_mask"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
