@@ -381,26 +381,6 @@ class Runtime:
             self.release()
         return row
 
-    def launch_fused(self, q, k, v, causal, block_m, block_n, num_warps, num_stages):
-        """kernel.fused._attn_fwd launched with explicit meta-parameters, with the arguments that
-        kernel.fused.attention() passes (it takes block_m/block_n but not num_warps/num_stages). Keep in step
-        with attention(): tests/test_bench.py checks that both give the same output."""
-        from kernel._protocol import check_attention_inputs
-
-        fused = self.fused
-        B, H, Nq, Nk, D, scale = check_attention_inputs(q, k, v, causal, None, None, block_m, block_n)
-        out = self.torch.empty_like(q, memory_format=self.torch.contiguous_format)
-        lse = self.torch.empty((B, H, Nq), dtype=self.torch.float32, device=q.device)
-        grid = (self.triton.cdiv(Nq, block_m), B * H)
-        fused._attn_fwd[grid](
-            q, k, v, out, lse, scale * fused.LOG2E,
-            *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
-            H, Nq, Nk,
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=fused.head_dim_block(D), HEAD_DIM=D,
-            IS_CAUSAL=causal, STORE_LSE=False, INPUT_PRECISION="ieee",
-            num_warps=num_warps, num_stages=num_stages)
-        return out
-
     def sweep_shape(self, shape, candidates):
         """A SweepRecord per candidate (BLOCK_M, BLOCK_N, num_warps, num_stages) and for the kernel's default
         configuration, each output spot-checked against SDPA's."""
@@ -411,7 +391,9 @@ class Runtime:
             q, k, v = self.inputs(shape)
             ref, _, ref_note = self.reference(shape, q, k, v)
             for config in configs:
-                cell, out = self.measure(lambda: self.launch_fused(q, k, v, shape.causal, *config))
+                bm, bn, warps, stages = config
+                cell, out = self.measure(lambda: self.fused.attention(
+                    q, k, v, causal=shape.causal, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages))
                 if ref is None:
                     check, diff, note = "no reference", None, ref_note
                 elif out is None:

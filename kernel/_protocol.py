@@ -65,3 +65,11 @@ def check_attention_inputs(q, k, v, causal, scale, out, block_m, block_n):
         if not interpreter_active() and blk < 16:
             raise ValueError(f"{name} = {blk}: tl.dot needs every dimension >= 16 on the GPU")
     return B, H, Nq, Nk, D, float(scale)
+
+
+def check_launch(num_warps, num_stages):
+    """Validate optional launch overrides (tuning knobs of the project's own kernels)."""
+    if num_warps is not None and (not isinstance(num_warps, int) or num_warps < 1 or num_warps & (num_warps - 1)):
+        raise ValueError(f"num_warps must be a power of two, got {num_warps!r}")
+    if num_stages is not None and (not isinstance(num_stages, int) or num_stages < 1):
+        raise ValueError(f"num_stages must be a positive integer, got {num_stages!r}")

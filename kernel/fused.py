@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel._protocol import check_attention_inputs, interpreter_active
+from kernel._protocol import check_attention_inputs, check_launch, interpreter_active
 
 LOG2E = 1.4426950408889634  # exp(x) == exp2(x * log2(e)); exp2 is the cheaper instruction
 
@@ -183,7 +183,8 @@ def head_dim_block(D):
     return max(triton.next_power_of_2(D), 16)
 
 
-def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, block_m=None, block_n=None):
+def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, block_m=None, block_n=None,
+              num_warps=None, num_stages=None):
     """Fused FlashAttention-2 forward.
 
     q: (B, H, Nq, D); k, v: (B, H, Nk, D); one dtype (float32, float16 or bfloat16), one device; any
@@ -192,15 +193,18 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
     out: optional (B, H, Nq, D) tensor of q's dtype and device, any strides, written in place.
     Returns out (B, H, Nq, D) in q's dtype, and with return_lse=True also lse (B, H, Nq) float32, the
     natural-log row log-sum-exp of the scaled scores.
-    block_m, block_n: optional powers of two overriding the default tile (>= 16 on the GPU).
+    block_m, block_n: optional powers of two overriding the default tile (>= 16 on the GPU);
+    num_warps, num_stages: optional launch overrides (for tuning; defaults from default_blocks()).
     """
     B, H, Nq, Nk, D, scale = check_attention_inputs(q, k, v, causal, scale, out, block_m, block_n)
+    check_launch(num_warps, num_stages)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
     if B * H * Nq > 0:
-        bm, bn, num_warps, num_stages = default_blocks(Nq, Nk, D, q.dtype)
+        bm, bn, warps, stages = default_blocks(Nq, Nk, D, q.dtype)
         bm, bn = block_m or bm, block_n or bn
+        num_warps, num_stages = num_warps or warps, num_stages or stages
         grid = (triton.cdiv(Nq, bm), B * H)
         _attn_fwd[grid](
             q, k, v, out, lse, scale * LOG2E,

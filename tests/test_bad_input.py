@@ -83,3 +83,9 @@ def test_nan_input_propagates(attention, device):
     out = attention(q, k, v)
     assert torch.isnan(out[0, 1, 2]).all()
     assert torch.isfinite(out[0, 0]).all() and torch.isfinite(out[0, 1, :2]).all()
+
+
+@pytest.mark.parametrize("kwargs", [{"num_warps": 3}, {"num_warps": 0}, {"num_stages": 0}, {"num_stages": 1.5}])
+def test_bad_launch_overrides(device, kwargs):
+    with pytest.raises(ValueError, match="num_"):
+        fused.attention(*_qkv(device), **kwargs)
