@@ -37,13 +37,17 @@ def run(args):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="flashcheck", description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=["cpu", "gpu"],
                         help="force a backend (default: GPU when CUDA is available, else Triton's interpreter)")
     sub = parser.add_subparsers(dest="command", required=True)
+    # only the chosen subcommand's module is imported: one broken module cannot break the others
+    chosen = next((a for a in argv if a in SUBCOMMANDS), None)
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        importlib.import_module(module).add_arguments(p)
+        if name == chosen:
+            importlib.import_module(module).add_arguments(p)
     args = parser.parse_args(argv)
     import os
 

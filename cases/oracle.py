@@ -32,7 +32,7 @@ FACTOR = 2.0      # "at most about twice as wrong as PyTorch in the same precisi
 FP32_EPS = float(torch.finfo(torch.float32).eps)
 
 KINDS = ("mismatch", "NaN", "unwritten", "out-of-bounds read", "out-of-bounds write", "input written",
-         "exception", "compile error", "device fault", "bad return", "hand value", "lse", "invariant",
+         "exception", "compile error", "device fault", "crash", "bad return", "hand value", "lse", "invariant",
          "timeout")
 LAYERS = ("reference", "hand", "poison", "guards", "invariants")
 
@@ -123,7 +123,7 @@ def _first_bad(bad):
     return tuple(int(x) for x in np.argwhere(bad)[0])
 
 
-def _classify_exception(exc):
+def classify_exception(exc):
     text = f"{type(exc).__name__}: {exc}"
     name = type(exc).__name__
     if "CompilationError" in name or "CompileTimeAssertionFailure" in name or "compil" in str(exc)[:200].lower():
@@ -156,7 +156,7 @@ def call_kernel(kernel, case, caps, qkv, device, guard_fill=float("nan"), use_ou
         if device == "cuda":
             torch.cuda.synchronize()
     except Exception as exc:  # the kernel under test may raise anything
-        kind, text = _classify_exception(exc)
+        kind, text = classify_exception(exc)
         raise _Stop(Failure(kind, text.splitlines()[0][:500] if text else kind))
     lse = None
     if caps.lse:

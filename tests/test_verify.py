@@ -1,0 +1,231 @@
+"""`flashcheck verify` end to end, as a user runs it (a subprocess of `python -m cases verify`): exit codes,
+the two examples, one named failure per way a kernel can misbehave, the JSON and JUnit reports, and cases
+skipped by declaration listed as skipped with their reason."""
+import fcntl
+import json
+import re
+import shlex
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from cases.case import parse_case
+from tests.misbehaving_kernels import MISBEHAVIOURS
+
+ROOT = Path(__file__).resolve().parents[1]
+BUGGY = "examples/buggy_attention.py:attention"
+SDPA = "examples/sdpa_attention.py:attention"
+CHAOS = "tests/misbehaving_kernels.py:attention"
+HANG_TIMEOUT = 4   # seconds: the hanging kernel sleeps an hour; every well-behaved case here takes ~10 ms
+
+
+def verify(*args):
+    """Run `python -m cases verify ARGS` from the repository root; the backend is the one conftest chose
+    (inherited through FLASHCHECK_BACKEND)."""
+    return subprocess.run([sys.executable, "-m", "cases", "verify", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def once(request, name, produce):
+    """produce() (JSON data) once per session. Under pytest-xdist every worker would run a module fixture
+    of its own; here the first worker runs it under a file lock in the session's shared temp directory and
+    the others read its result."""
+    worker = getattr(request.config, "workerinput", None)
+    if worker is None:
+        return produce()
+    shared = request.getfixturevalue("tmp_path_factory").getbasetemp().parent
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = shared / f"{name}.json"
+        if not done.exists():
+            done.write_text(json.dumps(produce()))
+        return json.loads(done.read_text())
+
+
+def verify_with_reports(tmp_path, *args):
+    """verify ARGS --json --junit: (returncode, stdout, stderr, the JSON report, the JUnit XML text)."""
+    proc = verify(*args, "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml"))
+    return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
+            "report": json.loads((tmp_path / "r.json").read_text()), "junit": (tmp_path / "r.xml").read_text()}
+
+
+def explain(proc):
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+
+
+def row(stdout, name):
+    """The table row of a case, split into its columns."""
+    for line in stdout.splitlines():
+        if line.startswith(name + " "):
+            return re.split(r"\s{2,}", line.strip())
+    raise AssertionError(f"no table row for {name}:\n{stdout}")
+
+
+def test_fused_kernel_passes_a_selection():
+    """No target: the project's fused kernel."""
+    cases = "hand_one_query_two_keys,partial_last_key_block,causal_nq_gt_nk,layout_mixed"
+    proc = verify("--only", cases, "-q")
+    assert proc.returncode == 0, explain(proc)
+    assert re.fullmatch(r"verify kernel\.fused:attention on .*: 4 passed, 0 failed, 0 skipped, 0 reduced in [\d.]+ s",
+                        proc.stdout.strip()), "--quiet: only the summary line\n" + explain(proc)
+
+
+@pytest.fixture(scope="module")
+def buggy(request):
+    def produce():
+        proc = verify(BUGGY, "--only", "hand_one_query_two_keys,cross_nq_gt_nk,causal_square", "--examples", "4")
+        return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+    return SimpleNamespace(**once(request, "buggy", produce))
+
+
+def test_buggy_example_is_rejected_naming_case_and_element(buggy):
+    assert buggy.returncode == 1, explain(buggy)
+    out = buggy.stdout
+    verdict, _, kind, element = row(out, "hand_one_query_two_keys")[1:]
+    assert (verdict, kind, element) == ("FAIL", "mismatch", "b=0 h=0 row=0 col=0: got 5, expected 7.5"), explain(buggy)
+    assert "FAIL hand_one_query_two_keys [examples/buggy_attention.py:attention]" in out
+    assert "mismatch at (b=0, h=0, row=0, col=0): got 5, expected 7.5" in out
+    # Nq > Nk: the loop bound from Nq reads key rows past Nk, which hold the NaN guard bands
+    assert row(out, "cross_nq_gt_nk")[3] == "out-of-bounds read", explain(buggy)
+    # self-attention hides the bug: not a planted constant
+    assert row(out, "causal_square")[1] == "PASS", explain(buggy)
+
+
+def test_buggy_example_hypothesis_shrinks_to_a_cross_attention_case(buggy):
+    minimal = [ln for ln in buggy.stdout.splitlines() if ln.startswith("hypothesis_minimal")]
+    assert len(minimal) == 1 and " FAIL " in minimal[0], explain(buggy)
+    source = re.search(r"repro: .* --case \"(Case\('hypothesis_minimal[^\"]*\))\"", buggy.stdout).group(1)
+    case = parse_case(source)
+    assert case.Nq != case.Nk, f"the bug needs Nq != Nk, shrunk to {source}"
+
+
+def test_repro_line_reruns_the_failure_also_in_process(buggy):
+    """The repro line, pasted back (here with --no-isolate, the debugging mode), gives the same failure."""
+    line = next(ln for ln in buggy.stdout.splitlines() if "repro:" in ln and "hand_one_query_two_keys" in ln)
+    argv = shlex.split(line.split("repro: ", 1)[1])
+    assert argv[:3] == ["flashcheck", "verify", BUGGY]
+    proc = verify(*argv[2:], "--no-isolate", "-q")
+    assert proc.returncode == 1, explain(proc)
+    assert "mismatch at (b=0, h=0, row=0, col=0): got 5, expected 7.5" in proc.stdout
+    assert ": 0 passed, 1 failed" in proc.stdout
+
+
+def test_sdpa_example_is_accepted(tmp_path, backend):
+    proc = verify(SDPA, "--json", str(tmp_path / "r.json"))
+    assert proc.returncode == 0, explain(proc)
+    report = json.loads((tmp_path / "r.json").read_text())
+    by_name = {c["name"]: c for c in report["cases"]}
+    # the wrapper implements bottom-right causal itself: causal cases run, and pass
+    assert by_name["causal_nq_gt_nk"]["status"] == "pass"
+    assert report["summary"]["failed"] == 0 and report["summary"]["passed"] > 30
+    # no out=: the report says which check was reduced, for every case that ran
+    assert report["summary"]["reduced"] == report["summary"]["passed"]
+    assert "reduced check: no out=" in proc.stdout
+    if backend == "cpu":
+        assert by_name["bf16"]["status"] == "skip" and by_name["bf16"]["reason"].startswith("GPU only: ")
+
+
+def test_declared_support_is_skipped_with_its_reason(tmp_path):
+    args = ["--no-causal", "--dtypes", "fp32", "--head-dims", "1-64,128", "--max-seq", "40", "--contiguous-only"]
+    proc = verify(SDPA, *args, "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml"))
+    assert proc.returncode == 0, explain(proc)
+    report = json.loads((tmp_path / "r.json").read_text())
+    cases = {c["name"]: c for c in report["cases"]}
+    expected = {"causal_square": "causal (--no-causal)", "fp16": "dtype fp16 (--dtypes fp32)",
+                "head_dim_111": "head dim 111 (--head-dims 1-64,128)", "many_key_chunks": "length 150 > --max-seq 40",
+                "layout_bthd": "layout bthd (--contiguous-only)"}
+    for name, reason in expected.items():
+        assert cases[name]["status"] == "skip", cases[name]
+        assert reason in cases[name]["reason"], cases[name]
+    assert cases["head_dim_128"]["status"] == "pass"
+    summary = report["summary"]
+    assert summary["passed"] + summary["failed"] + summary["skipped"] == len(cases)
+    assert summary["passed"] == sum(c["status"] == "pass" for c in cases.values())
+    assert summary["skipped"] == sum(c["status"] == "skip" for c in cases.values()) > len(expected)
+    suite = ET.parse(tmp_path / "r.xml").getroot().find("testsuite")
+    assert int(suite.get("tests")) == len(cases) and int(suite.get("failures")) == 0
+    assert int(suite.get("skipped")) == summary["skipped"]
+    skipped = {tc.get("name"): tc.find("skipped").get("message") for tc in suite.iter("testcase")
+               if tc.find("skipped") is not None}
+    assert skipped == {n: c["reason"] for n, c in cases.items() if c["status"] == "skip"}
+    # the table shows the same reason
+    assert row(proc.stdout, "causal_square")[1:] == ["SKIP", "-", "-", cases["causal_square"]["reason"]]
+
+
+def test_nothing_to_verify_is_not_a_pass():
+    proc = verify(SDPA, "--only", "causal_square", "--no-causal")
+    assert proc.returncode == 2, explain(proc)
+    assert "nothing to verify" in proc.stderr and "causal_square: not declared: causal" in proc.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["attention_without_colon"], "is not MODULE:FUNCTION"),
+    (["examples/no_such_file.py:attention"], "does not exist"),
+    (["no_such_module_xyz:attention"], "cannot import no_such_module_xyz: ModuleNotFoundError"),
+    (["kernel.fused:no_such_function"], "has no attribute 'no_such_function'"),
+    ([f"{CHAOS.split(':')[0]}:MISBEHAVIOURS"], "is a dict, not callable"),
+    (["--only", "no_such_case"], "no catalogue case named no_such_case"),
+    (["--case", "Case('x', dtype='fp8')"], "--case"),
+    (["--head-dims", "0-4"], "--head-dims"),
+], ids=["no_colon", "file_missing", "module_missing", "no_attribute", "not_callable", "unknown_case", "bad_case",
+        "bad_head_dims"])
+def test_usage_errors_exit_2(args, words):
+    proc = verify(*args)
+    assert proc.returncode == 2, explain(proc)
+    assert "flashcheck verify: error: " in proc.stderr and words in proc.stderr, explain(proc)
+    assert proc.stdout == ""
+
+
+# ---- robustness: one run over every misbehaviour, each a case of its own head dim ----
+
+def _chaos_order():
+    """(case name, head dim): each misbehaviour once, and a well-behaved case (D = 16) right after the hang
+    and after the crash, which verify must judge in a fresh worker."""
+    order = [(MISBEHAVIOURS[d][0], d) for d in sorted(MISBEHAVIOURS)]
+    order.insert(order.index(("hangs", 9)) + 1, ("after_hang", 16))
+    order.insert(order.index(("segfaults", 10)) + 1, ("after_crash", 16))
+    return order
+
+
+@pytest.fixture(scope="module")
+def chaos(request, tmp_path_factory):
+    cases = [arg for name, d in _chaos_order() for arg in ("--case", f"Case({name!r}, Nq=5, Nk=6, D={d})")]
+    out = once(request, "chaos", lambda: verify_with_reports(tmp_path_factory.mktemp("chaos"), CHAOS, *cases,
+                                                              "--timeout", str(HANG_TIMEOUT)))
+    proc = SimpleNamespace(returncode=out["returncode"], stdout=out["stdout"], stderr=out["stderr"])
+    return proc, out["report"], ET.fromstring(out["junit"])
+
+
+@pytest.mark.parametrize("head_dim", sorted(MISBEHAVIOURS), ids=[MISBEHAVIOURS[d][0] for d in sorted(MISBEHAVIOURS)])
+def test_misbehaviour_is_named(chaos, head_dim, backend):
+    proc, report, _ = chaos
+    name, kind = MISBEHAVIOURS[head_dim]
+    if name == "segfaults" and backend == "gpu":
+        kind = "device fault"
+    case = next(c for c in report["cases"] if c["name"] == name)
+    assert case["status"] == "fail" and case["kind"] == kind, f"{case}\n{explain(proc)}"
+    assert row(proc.stdout, name)[1] == "FAIL" and row(proc.stdout, name)[3] == kind, explain(proc)
+    assert f"FAIL {name} [{CHAOS}]" in proc.stdout
+
+
+def test_verify_carries_on_after_every_misbehaviour(chaos):
+    proc, report, junit = chaos
+    assert proc.returncode == 1, explain(proc)
+    expected = [(name, "pass" if d == 16 else "fail") for name, d in _chaos_order()]
+    assert [(c["name"], c["status"]) for c in report["cases"]] == expected, explain(proc)
+    summary = report["summary"]
+    assert (summary["passed"], summary["failed"], summary["skipped"]) == (2, len(MISBEHAVIOURS), 0)
+    hang = next(c for c in report["cases"] if c["name"] == "hangs")
+    assert f"no verdict within {HANG_TIMEOUT} s" in hang["failures"][0]["message"]
+    crash = next(c for c in report["cases"] if c["name"] == "segfaults")
+    assert "signal 11 (SIGSEGV)" in crash["failures"][0]["message"]
+    suite = junit.find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == (
+        str(len(expected)), str(len(MISBEHAVIOURS)), "0")
+    failures = {tc.get("name"): tc.find("failure") for tc in suite.iter("testcase")}
+    assert failures["hangs"].get("type") == "timeout" and "repro: " in failures["hangs"].text
+    assert failures["after_hang"] is None and failures["after_crash"] is None
