@@ -57,7 +57,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         if MASKED:
             # The score mask varies along the KEY axis ([None, :] on S); the K/V load mask has the wrong
-            # axes (key rows x head-dim columns). guards: mutant score_mask_wrong_axis, case block_m_ne_block_n
+            # axes (key rows x head-dim columns). guards: mutant score_mask_wrong_axis, case block_m_gt_block_n
             valid = (start_n + offs_n)[None, :] < Nk
             if IS_CAUSAL:
                 # bottom-right alignment: query i sees key j iff j <= i + (Nk - Nq).
