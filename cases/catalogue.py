@@ -126,9 +126,10 @@ CATALOGUE = [
          B=2, H=4, Nq=1024, Nk=1024, D=64, dtype="fp16", causal=True, seed=38,
          gpu_only="size: the interpreter would take minutes"),
     Case("offsets_over_2_31",
-         why="B*H*N*D = 2^31 elements: batch/head offsets computed in int32 wrap around and read another "
-             "head (or fault); eight (b, h) pairs judged, the last included",
-         B=1024, H=32, Nq=512, Nk=512, D=128, dtype="fp16", seed=40, sample_heads=8,
+         why="B*H*N*D > 2^31 elements: batch/head offsets computed in int32 wrap around and read another "
+             "head (or fault); eight (b, h) pairs judged, the last included. (Exactly 2^31 elements is not "
+             "enough: the largest offset is then 2^31 - 1, which int32 still holds)",
+         B=1040, H=32, Nq=512, Nk=512, D=128, dtype="fp16", seed=40, sample_heads=8,
          gpu_only="size: 4 GiB per tensor, beyond the interpreter"),
     Case("long_cross_decode", why="decode-like: few queries, many keys, default tiles", B=2, H=4, Nq=3,
          Nk=4099, D=128, dtype="fp16", seed=39, gpu_only="size: the interpreter would take minutes"),
