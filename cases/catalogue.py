@@ -106,6 +106,19 @@ CATALOGUE = [
          B=2, H=3, Nq=17, Nk=21, D=16, seed=29),
     Case("batch_heads_mixed_causal", why="batch, heads, mixed layouts and causal cross-attention together",
          B=3, H=2, Nq=29, Nk=18, D=16, causal=True, layout="mixed", block_m=16, block_n=16, seed=30),
+    Case("gapped_odd_head_dim",
+         why="NaN gaps right after each row's last head-dim column, and only whole key blocks: a head-dim mask "
+             "admitting column D on the unmasked fast path reads the gap (0 * NaN in the dot); found by the "
+             "mutation sweep",
+         H=2, Nq=19, Nk=128, D=24, layout="gapped", seed=41),
+    Case("causal_diagonal_at_block_edge",
+         why="causal, Nk - Nq = 62: row 0's last visible key sits one before a block boundary (64), so an "
+             "off-by-one in the end of the fully visible key blocks lets it see key 63; found by the sweep",
+         Nq=40, Nk=102, D=16, causal=True, seed=42),
+    Case("layout_mixed_many_keys",
+         why="q, k, v, out in different layouts with several key blocks at the kernel's own tiles: a pointer "
+             "advanced by another tensor's row stride shows from the second block on",
+         B=2, H=3, Nq=19, Nk=150, D=16, layout="mixed", seed=43),
     Case("fp16", why="fp16 inputs: fp32 accumulation, output in fp16", B=2, H=2, Nq=37, Nk=45, D=64,
          dtype="fp16", seed=31),
     Case("fp16_causal_cross", why="fp16, causal, Nq < Nk", Nq=29, Nk=64, D=32, dtype="fp16", causal=True,

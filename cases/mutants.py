@@ -1,0 +1,735 @@
+"""The bug corpus: every known FlashAttention-2 bug as a named mutant that the suite must kill.
+
+A mutant is a text transformation of one of the project's kernel modules (kernel/fused.py or
+kernel/unfused.py): find this text, put that text. The real kernel files never carry bug switches;
+``load`` writes the transformed source to a temporary .py file (Triton's jit reads the source of the
+functions it compiles) and imports it under a name of its own, so the mutant's ``attention`` can be judged
+by the oracle exactly like the real one.
+
+Each mutant records what it breaks, where the bug comes from ("seed: <section>" is the technical note in
+shared/seed/), the catalogue cases expected to kill it and, for the few that only the compiled GPU path
+can show, why the interpreter cannot. A find-text that no longer occurs exactly once in the current
+kernel source raises MutantDrift naming the mutant: a refactor of the kernel must carry the corpus along.
+
+Judging: in-process on the CPU by default (the interpreter cannot fault a device, and every corpus mutant
+keeps its stray accesses inside the oracle's guard bands on the CPU-judgeable catalogue); on the GPU every
+mutant is judged in a worker subprocess (``python -m cases mutants --worker``), so that an illegal memory
+access is reported as a "device fault" kill of that mutant and never poisons the CUDA context of anything
+else. isolate=True (``--isolate``) uses the workers on the CPU too: the sweep always does, since a
+generated mutant can write far outside the guard bands and corrupt the interpreter's own memory.
+"""
+import atexit
+import difflib
+import importlib.util
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODULES = {"fused": ROOT / "kernel" / "fused.py", "unfused": ROOT / "kernel" / "unfused.py"}
+
+
+class MutantDrift(Exception):
+    """A mutant's find-text does not occur exactly once in the current kernel source."""
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str            # snake_case, unique
+    module: str          # "fused" or "unfused": the kernel/<module>.py file it transforms
+    find: str            # exact text that must occur exactly once in the current kernel source
+    replace: str
+    breaks: str          # what it breaks, one sentence
+    origin: str          # seed section or other source
+    killers: tuple       # names of catalogue cases expected to kill it
+    gpu_only: str = ""   # non-empty: why only the compiled GPU path shows it (skipped on CPU with this reason)
+    edits: tuple = ()    # further (find, replace) pairs, applied in order after the first
+
+    @property
+    def all_edits(self):
+        return ((self.find, self.replace),) + tuple(tuple(e) for e in self.edits)
+
+    def to_json(self):
+        return {"name": self.name, "module": self.module, "edits": [list(e) for e in self.all_edits],
+                "breaks": self.breaks, "origin": self.origin, "killers": list(self.killers),
+                "gpu_only": self.gpu_only}
+
+    @classmethod
+    def from_json(cls, d):
+        (find, replace), *rest = d["edits"]
+        return cls(d["name"], d["module"], find, replace, d.get("breaks", ""), d.get("origin", ""),
+                   tuple(d.get("killers", ())), d.get("gpu_only", ""), tuple(tuple(e) for e in rest))
+
+
+def _kernel_text(module):
+    try:
+        return MODULES[module].read_text()
+    except KeyError:
+        raise ValueError(f"unknown kernel module {module!r}; expected one of {sorted(MODULES)}") from None
+
+
+def source(mutant):
+    """The mutant's module source: the current kernel text with each edit applied in order. Raises
+    MutantDrift when a find-text does not occur exactly once (at the point its edit is applied)."""
+    text = _kernel_text(mutant.module)
+    edits = mutant.all_edits
+    for i, (find, replace) in enumerate(edits):
+        count = text.count(find)
+        if count != 1:
+            which = f"edit {i + 1} of {len(edits)}" if len(edits) > 1 else "its find-text"
+            raise MutantDrift(
+                f"mutant {mutant.name}: {which} occurs {count} times in kernel/{mutant.module}.py (must be "
+                f"exactly once; the kernel changed under the mutant, update cases/mutants.py):\n"
+                + _indent(find))
+        text = text.replace(find, replace)
+    return text
+
+
+def diff(mutant):
+    """A unified diff of the kernel module against the mutant."""
+    before = _kernel_text(mutant.module).splitlines(keepends=True)
+    after = source(mutant).splitlines(keepends=True)
+    return "".join(difflib.unified_diff(before, after, f"kernel/{mutant.module}.py",
+                                        f"mutant {mutant.name}", n=1))
+
+
+def _indent(text):
+    return "\n".join("    | " + line for line in text.splitlines())
+
+
+_TMP = []
+_LOADED = {}
+
+
+def _tmpdir():
+    if not _TMP:
+        path = tempfile.mkdtemp(prefix="flashcheck_mutants_")
+        atexit.register(shutil.rmtree, path, True)
+        _TMP.append(Path(path))
+    return _TMP[0]
+
+
+def load(mutant):
+    """Import the mutant's module (cached per process) and return it; ``.attention`` is the mutant kernel.
+
+    The source goes to a real file because Triton's jit reads its functions' source through inspect."""
+    text = source(mutant)
+    key = (mutant.name, text)
+    if key in _LOADED:
+        return _LOADED[key]
+    name = f"flashcheck_mutant_{mutant.name}"
+    if name in sys.modules:   # same name, other text (a regenerated sweep mutant): keep both apart
+        name += f"_{len(_LOADED)}"
+    path = _tmpdir() / f"{name}.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    _LOADED[key] = module
+    return module
+
+
+def target(mutant):
+    return f"mutant {mutant.name} (kernel/{mutant.module}.py)"
+
+
+def _cases(mutant, cases):
+    from cases import catalogue
+
+    return [catalogue.get(c) if isinstance(c, str) else c for c in (mutant.killers if cases is None else cases)]
+
+
+def kill(mutant, cases=None, *, isolate=None, timeout=None):
+    """Judge the mutant's attention with cases.oracle.judge on its killers (or on the given cases: Case
+    objects or catalogue names). Returns [(case, Verdict)]; the mutant is killed iff some verdict failed.
+
+    isolate (default: on the GPU backend) runs the judging in a worker subprocess: a device fault there
+    is a "device fault" kill of this mutant and leaves this process's CUDA context intact."""
+    from cases.backend import backend
+
+    cases = _cases(mutant, cases)
+    if isolate is None:
+        isolate = backend() == "gpu"
+    if isolate:
+        return judge_isolated([(mutant, cases)], timeout=timeout)[0]
+    from cases import oracle
+
+    attention = load(mutant).attention
+    return [(c, oracle.judge(attention, c, target=target(mutant))) for c in cases]
+
+
+def killed(results):
+    """Whether kill()'s results kill the mutant: some verdict failed."""
+    return any(not v.passed for _, v in results)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Isolation: worker subprocesses that judge mutants and stream verdicts back as JSON lines.
+#
+# A task is (mutant, cases). The worker (``python -m cases mutants --worker``) imports Torch, Triton and
+# the oracle once, then forks a fresh child per task: a mutant that corrupts memory (an out-of-bounds
+# write in the interpreter, a stray write on the GPU) or faults the device takes only its own child
+# down, and the next mutant starts clean. The child emits one verdict per case as soon as it is judged;
+# when it dies, the first case without a verdict is the culprit and is recorded as a "device fault"
+# kill, and the cases left go to a new child. A worker silent for longer than the timeout is killed with
+# its child ("timeout") and replaced. The worker itself never initialises CUDA, so forking is safe.
+
+EVENT = "FLASHCHECK-EVENT "
+DEFAULT_TIMEOUT = 600.0      # seconds without a verdict before a worker is declared hung
+
+
+def _verdict_json(v):
+    return {"target": v.target, "max_err": v.max_err, "tol": v.tol, "reduced": list(v.reduced),
+            "seconds": v.seconds,
+            "failures": [{"kind": f.kind, "message": f.message,
+                          "where": list(f.where) if f.where is not None else None,
+                          "got": f.got, "expected": f.expected, "tol": f.tol} for f in v.failures]}
+
+
+def _verdict_from_json(case, d):
+    from cases.oracle import Failure, Verdict
+
+    failures = [Failure(f["kind"], f["message"], tuple(f["where"]) if f["where"] is not None else None,
+                        f["got"], f["expected"], f["tol"]) for f in d["failures"]]
+    return Verdict(case, d["target"], failures, d["max_err"], d["tol"], list(d["reduced"]), d["seconds"])
+
+
+def _failed_verdict(case, mutant, kind, message):
+    from cases.oracle import Failure, Verdict
+
+    return Verdict(case, target(mutant), [Failure(kind, message)])
+
+
+def _emit(task, obj):
+    sys.stdout.write(EVENT + json.dumps(dict(obj, task=task["task"])) + "\n")
+    sys.stdout.flush()
+
+
+def _fault_text(exc):
+    text = f"{type(exc).__name__}: {exc}"
+    return text if any(s in text for s in ("CUDA error", "illegal memory access", "unspecified launch")) else None
+
+
+def _judge_task(task):
+    """In the forked child: judge one task, emitting its events."""
+    from cases import oracle
+    from cases.case import parse_case
+
+    mutant = Mutant.from_json(task["mutant"])
+    try:
+        attention = load(mutant).attention
+    except Exception as exc:  # drift, or a generated mutant that does not import: the caller decides
+        _emit(task, {"type": "error",
+                     "message": f"mutant {mutant.name} could not be loaded: {type(exc).__name__}: {exc}"})
+        return
+    for text in task["cases"]:
+        case = parse_case(text)
+        try:
+            verdict = oracle.judge(attention, case, target=target(mutant))
+        except Exception as exc:  # outside the kernel call: a dead CUDA context, or an oracle bug
+            fault = _fault_text(exc)
+            if fault is None:
+                _emit(task, {"type": "error", "message": f"oracle raised on {case.name} for mutant "
+                                                         f"{mutant.name}: {type(exc).__name__}: {exc}"})
+                return
+            verdict = _failed_verdict(case, mutant, "device fault", fault.splitlines()[0][:500])
+        _emit(task, {"type": "verdict", "verdict": _verdict_json(verdict)})
+        if verdict.kind == "device fault":
+            break      # this child's CUDA context is unusable: the cases left go to a fresh child
+        if task.get("stop_at_first") and not verdict.passed:
+            break
+    _emit(task, {"type": "done"})
+
+
+def worker_main(stdin=None):
+    """The worker loop: tasks in on stdin, events out on stdout, one JSON object per line."""
+    import torch  # noqa: F401  (imported once here, so that every forked child starts warm)
+    import triton  # noqa: F401
+    from cases import catalogue, oracle  # noqa: F401
+
+    for line in stdin or sys.stdin:
+        if not line.strip():
+            continue
+        task = json.loads(line)
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                _judge_task(task)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+                code = 1
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        rc = os.waitstatus_to_exitcode(status)
+        if rc != 0:
+            _emit(task, {"type": "crash", "rc": rc})
+    return 0
+
+
+class Worker:
+    """One worker subprocess (in a process group of its own, with the child it forks), replaced when it
+    hangs."""
+
+    def __init__(self):
+        self.proc = None
+        self.events = None
+        self.stderr = None
+        self.seq = 0
+
+    def _start(self):
+        if self.stderr is not None:
+            self.stderr.close()
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "cases", "mutants", "--worker"], cwd=ROOT,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     text=True, bufsize=1, env=dict(os.environ), start_new_session=True)
+        self.events = queue.Queue()
+        threading.Thread(target=self._read, args=(self.proc, self.events), daemon=True).start()
+
+    @staticmethod
+    def _read(proc, events):
+        for line in proc.stdout:
+            if line.startswith(EVENT):
+                events.put(json.loads(line[len(EVENT):]))
+        events.put({"type": "exit", "rc": proc.wait()})
+
+    def _stderr_tail(self, n=500):
+        self.stderr.seek(0)
+        return self.stderr.read()[-n:].strip()
+
+    def _stop(self):
+        """Kill the worker and the child it forked (its process group), and forget it."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.proc.wait()
+            self.proc = None
+
+    def close(self):
+        if self.proc is not None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            self._stop()
+
+    def _next(self, timeout):
+        """The next event of the current task (stale events of an earlier task are skipped), or None
+        when the worker stays silent for `timeout` seconds."""
+        while True:
+            try:
+                event = self.events.get(timeout=timeout)
+            except queue.Empty:
+                return None
+            if event["type"] == "exit" or event.get("task") == self.seq:
+                return event
+
+    def _died(self, case, mutant, rc, what):
+        how = f"signal {-rc} ({signal.Signals(-rc).name})" if rc < 0 else f"exit code {rc}"
+        tail = self._stderr_tail()
+        return _failed_verdict(case, mutant, "device fault", f"the {what} died ({how}) while judging this case"
+                               + (f"; stderr ends: {tail}" if tail else ""))
+
+    def judge(self, mutant, cases, stop_at_first=False, timeout=None, on_verdict=None):
+        """[(case, Verdict)] for the mutant on the cases (all of them, or up to the first kill)."""
+        timeout = timeout or DEFAULT_TIMEOUT
+        results, todo = [], list(cases)
+        while todo:
+            if self.proc is None:
+                self._start()
+            self.seq += 1
+            task = {"task": self.seq, "mutant": mutant.to_json(), "cases": [c.source() for c in todo],
+                    "stop_at_first": stop_at_first}
+            try:
+                self.proc.stdin.write(json.dumps(task) + "\n")
+                self.proc.stdin.flush()
+            except OSError:
+                pass   # the worker died already: its exit event says so below
+            progress = False
+            while todo:
+                event = self._next(timeout)
+                if event is not None and event["type"] == "done":
+                    if not progress:
+                        raise RuntimeError(f"the worker judged none of the cases of mutant {mutant.name}")
+                    break      # the child stopped after a device fault: a new child takes the cases left
+                if event is None:
+                    self._stop()
+                    verdict = _failed_verdict(todo[0], mutant, "timeout",
+                                              f"no verdict within {timeout:g} s: the worker was stopped")
+                elif event["type"] == "error":
+                    raise RuntimeError(event["message"])
+                elif event["type"] == "crash":
+                    verdict = self._died(todo[0], mutant, event["rc"], "judging process")
+                elif event["type"] == "exit":
+                    verdict = self._died(todo[0], mutant, event["rc"], "worker process")
+                    self._stop()
+                else:
+                    verdict = _verdict_from_json(todo[0], event["verdict"])
+                progress = True
+                results.append((todo[0], verdict))
+                if on_verdict is not None:
+                    on_verdict(mutant, todo[0], verdict)
+                todo = todo[1:]
+                if stop_at_first and not verdict.passed:
+                    return results
+                if event is None or event["type"] in ("crash", "exit"):
+                    break      # resend the cases left
+        return results
+
+
+def judge_isolated(tasks, jobs=1, stop_at_first=False, timeout=None, on_done=None, on_verdict=None):
+    """Judge [(mutant, cases)] in `jobs` worker subprocesses. Returns the [(case, Verdict)] lists in the
+    order of the tasks; on_done(index, mutant, results) is called as each task finishes."""
+    pending = queue.Queue()
+    for i, task in enumerate(tasks):
+        pending.put((i, task))
+    out = [None] * len(tasks)
+    errors = []
+
+    def slot():
+        worker = Worker()
+        try:
+            while not errors:
+                try:
+                    i, (mutant, cases) = pending.get_nowait()
+                except queue.Empty:
+                    return
+                out[i] = worker.judge(mutant, cases, stop_at_first, timeout, on_verdict)
+                if on_done is not None:
+                    on_done(i, mutant, out[i])
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            worker.close()
+
+    threads = [threading.Thread(target=slot, daemon=True) for _ in range(max(1, min(jobs, len(tasks))))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The corpus. Killers are the catalogue cases that kill the mutant on every backend that can judge it.
+
+_SEED_MASKS = "seed: Masks and sentinels"
+_SEED_CROSS = "seed: Masks and sentinels (cross-attention: Nq and Nk keep their roles)"
+_SEED_RESCALE = "seed: The rescale direction"
+_SEED_STATE = "seed: The online-softmax state (per-iteration order)"
+_SEED_DOT = "seed: tl.dot constraints that bit"
+_SEED_DECOMP = "seed: Decomposition"
+_SEED_UNFUSED = "seed: The unfused three-kernel baseline (bugs found while building it)"
+_SEED_CAUSAL = "seed: First iteration (a fully masked row needs a guard) + DESIGN.md protocol"
+_CAUSAL_ALIGN = "DESIGN.md: attention protocol (causal is aligned bottom-right, as in FlashAttention)"
+_STRIDES = "seed: Not covered here (multiple heads and batches: extra index*stride terms)"
+_OTHER = "other: realistic slip in this kernel's structure"
+# The loop function sees only Nk; the mutants that give one of Nk's roles to Nq first pass Nq in too.
+_PASS_NQ = (("start_m, lo, hi, Nk, causal_shift,", "start_m, lo, hi, Nk, Nq, causal_shift,"),
+            ("start_m, 0, full_hi, Nk, causal_shift,", "start_m, 0, full_hi, Nk, Nq, causal_shift,"),
+            ("start_m, full_hi, hi, Nk, causal_shift,", "start_m, full_hi, hi, Nk, Nq, causal_shift,"))
+
+MUTANTS = [
+    # --- masks and sentinels -------------------------------------------------------------------------
+    Mutant("kv_other_neg_inf", "fused",
+           "k = tl.load(k_ptrs, mask=kv_mask, other=0.0)\n        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)",
+           'k = tl.load(k_ptrs, mask=kv_mask, other=float("-inf"))\n'
+           '        v = tl.load(v_ptrs, mask=kv_mask, other=float("-inf"))',
+           "K/V load masked lanes as -inf: padded head-dim columns make every score NaN through 0 * inf in "
+           "the dot, and padded key rows of V make P.V NaN through 0 * -inf",
+           _SEED_MASKS, ("partial_last_key_block", "head_dim_17", "nk_lt_block_n")),
+    Mutant("kv_mask_plus", "fused",
+           "kv_mask = ((start_n + offs_n)[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM)",
+           "kv_mask = ((start_n + offs_n)[:, None] < Nk) + (offs_d[None, :] < HEAD_DIM)",
+           "K/V load mask combined with + instead of &: a sum of booleans admits key rows past Nk, so V is "
+           "read out of bounds (Triton's 1-bit add even drops lanes where both hold)",
+           _SEED_UNFUSED + " (+ instead of &)", ("partial_last_key_block", "nk_lt_block_n")),
+    Mutant("score_mask_wrong_axis", "fused",
+           "valid = (start_n + offs_n)[None, :] < Nk",
+           "valid = (start_n + offs_n)[:, None] < Nk",
+           "the score mask varies along the query axis ([:, None]): with BLOCK_M != BLOCK_N it does not "
+           "broadcast against S; with square tiles it masks query rows instead of the keys past Nk",
+           _SEED_MASKS + " (the score mask must vary along the key axis)",
+           ("block_m_gt_block_n", "block_m_lt_block_n", "partial_last_key_block")),
+    Mutant("score_mask_from_kv_mask", "fused",
+           'qk = tl.where(valid, qk, float("-inf"))',
+           'qk = tl.where(kv_mask, qk, float("-inf"))',
+           "the K/V load mask (key rows x head-dim columns) used as the score mask: it only broadcasts when "
+           "BLOCK_M == BLOCK_N == the head-dim block, and then masks query rows, not keys",
+           _SEED_MASKS + " (using the K/V load mask on the scores)",
+           ("partial_last_key_block", "cross_nq_gt_nk", "block_m_gt_block_n")),
+    Mutant("no_score_mask", "fused",
+           '            qk = tl.where(valid, qk, float("-inf"))\n', "",
+           "no -inf on the scores of invalid keys: zero-padded keys score 0 and take softmax weight (and the "
+           "causal mask is never applied)",
+           _SEED_MASKS, ("partial_last_key_block", "nk_lt_block_n", "causal_square")),
+    Mutant("kv_mask_off_by_one", "fused",
+           "kv_mask = ((start_n + offs_n)[:, None] < Nk)",
+           "kv_mask = ((start_n + offs_n)[:, None] <= Nk)",
+           "K/V load mask admits key row Nk: one row past the end of K and V is read (V's NaN guard reaches "
+           "the output through 0 * NaN)",
+           _OTHER + " (index off-by-one)", ("partial_last_key_block", "nk_lt_block_n")),
+    Mutant("unmasked_tail_block", "fused",
+           "full_hi = Nk // BLOCK_N * BLOCK_N", "full_hi = Nk",
+           "the partial last key block runs on the unmasked fast path: K/V rows past Nk are read and score",
+           _OTHER + " (masked/unmasked loop split)", ("partial_last_key_block", "nk_lt_block_n")),
+    Mutant("inner_lo_not_applied", "fused",
+           "    k_ptrs += lo * stride_kn\n    v_ptrs += lo * stride_vn\n", "",
+           "the K/V pointers are not advanced to the loop's first block: the masked pass re-reads the first "
+           "key blocks while masking as if it read the last ones",
+           _OTHER + " (masked/unmasked loop split)", ("partial_last_key_block", "many_key_chunks")),
+    # --- cross-attention: Nq and Nk keep their roles -------------------------------------------------
+    Mutant("one_length_nq", "fused",
+           "H, Nq, Nk,\n            BLOCK_M=bm", "H, Nq, Nq,\n            BLOCK_M=bm",
+           "one length N = Nq for queries and keys: 1 query vs keys [1, 1] and values [5, 10] gives 5, not "
+           "7.5, and Nq > Nk reads keys past the end",
+           _SEED_CROSS, ("hand_one_query_two_keys", "cross_nq_lt_nk", "cross_nq_gt_nk")),
+    Mutant("loop_bound_nq", "fused",
+           "hi = Nk\n        full_hi = Nk // BLOCK_N * BLOCK_N", "hi = Nq\n        full_hi = Nq // BLOCK_N * BLOCK_N",
+           "the key loop's count taken from Nq: keys past Nq are ignored (Nq < Nk) or read past the end "
+           "(Nq > Nk)",
+           _SEED_CROSS + ": loop count", ("cross_nq_lt_nk", "cross_nq_gt_nk")),
+    Mutant("kv_mask_nq", "fused",
+           "kv_mask = ((start_n + offs_n)[:, None] < Nk)", "kv_mask = ((start_n + offs_n)[:, None] < Nq)",
+           "the K/V load mask compares key rows with Nq (both lengths passed to the loop, the wrong one "
+           "used): rows past Nk are read (Nq > Nk) or valid keys load as 0 (Nq < Nk)",
+           _SEED_CROSS + ": K/V load mask", ("cross_nq_gt_nk", "cross_nq_lt_nk"), edits=_PASS_NQ),
+    Mutant("score_mask_nq", "fused",
+           "valid = (start_n + offs_n)[None, :] < Nk", "valid = (start_n + offs_n)[None, :] < Nq",
+           "the score mask compares key columns with Nq (both lengths passed to the loop, the wrong one "
+           "used): padded keys score 0 (Nq > Nk) or valid keys are dropped (Nq < Nk)",
+           _SEED_CROSS + ": score mask", ("cross_nq_gt_nk", "cross_nq_lt_nk"), edits=_PASS_NQ),
+    # --- tl.dot constraints and the head-dim block ---------------------------------------------------
+    Mutant("head_dim_block_no_floor", "fused",
+           "return max(triton.next_power_of_2(D), 16)", "return triton.next_power_of_2(D)",
+           "head-dim block next_power_of_2(D) without the floor of 16: tl.dot's contraction is below the "
+           "GPU minimum for D < 16 and the kernel does not compile",
+           _SEED_DOT, ("head_dim_1", "head_dim_2", "head_dim_3", "head_dim_2_fp16"),
+           gpu_only="the interpreter runs tl.dot in NumPy for any size; only the GPU compiler enforces "
+                    "the minimum of 16"),
+    Mutant("head_dim_block_fixed_16", "fused",
+           "return max(triton.next_power_of_2(D), 16)", "return 16",
+           "head-dim block hard-coded to 16: head dims past 16 are truncated (columns >= 16 never loaded "
+           "nor stored)",
+           _SEED_DOT + " (do not hard-code 16)", ("head_dim_17", "head_dim_59", "head_dim_64")),
+    Mutant("fp32_tf32_dot", "fused",
+           'STORE_LSE=return_lse, INPUT_PRECISION="ieee"', 'STORE_LSE=return_lse, INPUT_PRECISION="tf32"',
+           "fp32 dots without input_precision='ieee': operands rounded to tf32 (10 mantissa bits, ~1e-3 "
+           "relative error) fail the fp32 tolerance",
+           _SEED_DOT + " (fp32 operands need an explicit input_precision)", ("fp32_precision",),
+           gpu_only="the interpreter computes every dot in full fp32 whatever input_precision says; only "
+                    "the GPU's tensor cores round to tf32"),
+    # --- the online-softmax state and the rescale direction ------------------------------------------
+    Mutant("rescale_paper_inverse", "fused",
+           "acc = acc * c[:, None]", "acc = acc / c[:, None]",
+           "the accumulator divided by the correction (the FA2 paper's printed diag(c)^-1): 0/0 on the "
+           "first block, and l and acc no longer share one scale",
+           _SEED_RESCALE + " (the paper's pseudocode as printed)", ("hand_one_query_two_keys", "many_key_chunks")),
+    Mutant("l_not_rescaled", "fused",
+           "l_i = l_i * c + tl.sum(p, 1)", "l_i = l_i + tl.sum(p, 1)",
+           "the denominator l is not rescaled when the running max grows: old terms are over-weighted",
+           _SEED_RESCALE, ("many_key_chunks", "many_key_chunks_growing_max")),
+    Mutant("acc_not_rescaled", "fused",
+           "        acc = acc * c[:, None]\n", "",
+           "the accumulator is not rescaled when the running max grows: old blocks are over-weighted",
+           _SEED_RESCALE, ("many_key_chunks", "many_key_chunks_growing_max")),
+    Mutant("m_never_updated", "fused",
+           "        m_i = m_new  # guards: mutant m_never_updated\n", "",
+           "the running max is never updated: c = 0 at every block, so only the last key block counts and "
+           "the log-sum-exp is -inf",
+           _SEED_STATE + " (m = m_new)", ("many_key_chunks", "custom_scale")),
+    Mutant("m_new_drops_old_max", "fused",
+           "m_new = tl.maximum(m_i, tl.max(qk, 1))", "m_new = tl.max(qk, 1)",
+           "the new max forgets the old one: a block in which a causal row sees no key resets m to -inf "
+           "and its log-sum-exp comes out -inf (and c > 1 can overflow)",
+           _SEED_STATE + " (m_new = max(m, rowmax(S)))", ("causal_default_blocks", "batch_heads_mixed_causal")),
+    Mutant("exp_instead_of_exp2", "fused",
+           "c = tl.math.exp2(m_i - m_shift)\n        p = tl.math.exp2(qk - m_shift[:, None])",
+           "c = tl.exp(m_i - m_shift)\n        p = tl.exp(qk - m_shift[:, None])",
+           "exp instead of exp2 while Q still carries the log2(e) factor: the softmax runs at the wrong "
+           "temperature",
+           _OTHER + " (log2-domain softmax)", ("custom_scale", "one_query")),
+    # --- scale -------------------------------------------------------------------------------------
+    Mutant("scale_twice", "fused",
+           "q = (q * qk_scale).to(q.dtype)", "q = (q * qk_scale * qk_scale).to(q.dtype)",
+           "the softmax scale applied twice (Q scaled, then the scores scaled again)",
+           _SEED_DECOMP + " (scale Q once)", ("custom_scale", "negative_scale")),
+    Mutant("scale_never", "fused",
+           "    q = (q * qk_scale).to(q.dtype)\n", "",
+           "the softmax scale (and the log2(e) factor the loop's exp2 needs) never applied",
+           _SEED_DECOMP + " (scale Q once)", ("custom_scale", "scale_zero")),
+    # --- causal ------------------------------------------------------------------------------------
+    Mutant("causal_no_masked_row_guard", "fused",
+           'm_shift = tl.where(m_new == float("-inf"), 0.0, m_new)', "m_shift = m_new",
+           "causal without the fully-masked-row guard: a row that sees no key computes -inf - (-inf) = NaN "
+           "and divides 0 by 0 (Nq > Nk)",
+           _SEED_CAUSAL, ("causal_nq_gt_nk", "causal_whole_blocks_masked"),
+           edits=(("l_safe = tl.where(l_i == 0.0, 1.0, l_i)", "l_safe = l_i"),)),
+    Mutant("empty_row_zero_division", "fused",
+           "l_safe = tl.where(l_i == 0.0, 1.0, l_i)", "l_safe = l_i",
+           "only the final division unguarded: a causal row that sees no key outputs 0/0 = NaN instead of 0",
+           _SEED_CAUSAL, ("causal_nq_gt_nk", "causal_whole_blocks_masked")),
+    Mutant("causal_top_left", "fused",
+           "<= offs_m[:, None] + causal_shift)", "<= offs_m[:, None])",
+           "causal mask aligned top-left (j <= i) instead of bottom-right (j <= i + Nk - Nq)",
+           _CAUSAL_ALIGN, ("causal_nq_lt_nk", "causal_nq_gt_nk")),
+    Mutant("causal_shift_sign", "fused",
+           "causal_shift = Nk - Nq", "causal_shift = Nq - Nk",
+           "causal diagonal shifted by Nq - Nk instead of Nk - Nq: wrong keys visible whenever Nq != Nk",
+           _CAUSAL_ALIGN, ("causal_nq_lt_nk", "causal_nq_gt_nk")),
+    # --- the store ---------------------------------------------------------------------------------
+    Mutant("store_no_row_mask", "fused",
+           "o_mask = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_DIM)", "o_mask = offs_d[None, :] < HEAD_DIM",
+           "store without the row mask: the partial last query block writes past the output",
+           _SEED_DECOMP + " (row mask on the store)", ("partial_last_query_block", "nq_lt_block_m")),
+    Mutant("store_row_mask_off_by_one", "fused",
+           "o_mask = (offs_m[:, None] < Nq)", "o_mask = (offs_m[:, None] <= Nq)",
+           "store row mask admits row Nq: one row written past the output",
+           _OTHER + " (index off-by-one)", ("partial_last_query_block", "nq_lt_block_m")),
+    Mutant("lse_log2_domain", "fused",
+           "(m_i + tl.math.log2(l_safe)) * 0.6931471805599453)", "(m_i + tl.math.log2(l_safe)))",
+           "the log-sum-exp left in the loop's log2 domain (missing the factor ln 2)",
+           "seed: The online-softmax state (finalize: L = m + log(l))", ("custom_scale", "one_query")),
+    # --- batch, head and stride arithmetic ---------------------------------------------------------
+    Mutant("int32_offsets", "fused",
+           "q_base = Q + off_b.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh",
+           "q_base = Q + off_b * stride_qz + off_h * stride_qh",
+           "batch/head offsets in int32: past 2^31 elements they wrap negative and address memory before "
+           "the tensor",
+           _OTHER + " (int32 offset overflow)", ("offsets_over_2_31",),
+           gpu_only="the overflow needs tensors of more than 2^31 elements, beyond the interpreter's memory "
+                    "and time",
+           edits=(("k_base = K + off_b.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh",
+                   "k_base = K + off_b * stride_kz + off_h * stride_kh"),
+                  ("v_base = V + off_b.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh",
+                   "v_base = V + off_b * stride_vz + off_h * stride_vh"),
+                  ("o_base = Out + off_b.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh",
+                   "o_base = Out + off_b * stride_oz + off_h * stride_oh"))),
+    Mutant("batch_head_swapped", "fused",
+           "q_base = Q + off_b.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh",
+           "q_base = Q + off_h.to(tl.int64) * stride_qz + off_b.to(tl.int64) * stride_qh",
+           "batch and head indices swapped in Q's offset: the wrong query rows are read (past the end of Q "
+           "when H > B) whenever B != H",
+           _STRIDES, ("batch_heads", "batch_heads_mixed_causal", "layout_bthd")),
+    Mutant("k_batch_stride_from_q", "fused",
+           "k_base = K + off_b.to(tl.int64) * stride_kz", "k_base = K + off_b.to(tl.int64) * stride_qz",
+           "Q's batch stride used for K: batches past the first read the wrong keys whenever Nq != Nk",
+           _STRIDES + " (one tensor's stride for another's)", ("batch_heads", "batch_heads_mixed_causal")),
+    Mutant("v_strides_from_k", "fused",
+           "*q.stride(), *k.stride(), *v.stride(), *out.stride()", "*q.stride(), *k.stride(), *k.stride(), *out.stride()",
+           "K's strides passed for V: only visible when V is laid out differently from K",
+           _STRIDES + " (one tensor's stride for another's)", ("layout_mixed", "batch_heads_mixed_causal")),
+    Mutant("out_strides_from_q", "fused",
+           "*q.stride(), *k.stride(), *v.stride(), *out.stride()", "*q.stride(), *k.stride(), *v.stride(), *q.stride()",
+           "Q's strides used for the output: only visible when the output is laid out differently from Q",
+           _STRIDES + " (one tensor's stride for another's)", ("layout_mixed",)),
+    Mutant("kv_advance_wrong_stride", "fused",
+           "k_ptrs += BLOCK_N * stride_kn", "k_ptrs += BLOCK_N * stride_vn",
+           "the K pointers advance by V's row stride: from the second key block on, K is read at V's "
+           "row pitch",
+           _STRIDES + " (one tensor's stride for another's)", ("batch_heads_mixed_causal", "layout_mixed_many_keys")),
+    Mutant("q_head_dim_stride_assumed_1", "fused",
+           "offs_d[None, :] * stride_qk, mask=q_mask", "offs_d[None, :], mask=q_mask",
+           "Q's head-dim stride assumed to be 1: a Q with unit stride along N (a transposed view) is read "
+           "wrongly",
+           _STRIDES, ("layout_d_major",)),
+    Mutant("query_block_from_wrong_axis", "fused",
+           "start_m = tl.program_id(0) * BLOCK_M", "start_m = tl.program_id(1) * BLOCK_M",
+           "the query block index read from the (batch, head) grid axis: every program of a head computes "
+           "the same rows and the others stay unwritten (invisible when B = H = 1 with one query block)",
+           _OTHER + " (wrong program-id axis)", ("batch_heads", "partial_last_query_block")),
+    # --- the unfused baseline ----------------------------------------------------------------------
+    Mutant("unfused_kv_mask_plus", "unfused",
+           "k = tl.load(k_ptrs, mask=(offs_n[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM), other=0.0)",
+           "k = tl.load(k_ptrs, mask=(offs_n[:, None] < Nk) + (offs_d[None, :] < HEAD_DIM), other=0.0)",
+           "unfused K and V load masks combined with +: V rows past Nk and K's padded head-dim columns are "
+           "read out of bounds",
+           _SEED_UNFUSED + " (+ instead of &)", ("partial_last_key_block", "head_dim_17", "nk_lt_block_n"),
+           edits=(("mask=(cols[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM)",
+                   "mask=(cols[:, None] < Nk) + (offs_d[None, :] < HEAD_DIM)"),)),
+    Mutant("unfused_softmax_flat_mask", "unfused",
+           "col_ok = cols < Nk", "col_ok = row * Nk + cols < Nk",
+           "the softmax mask compares the flat offset row * Nk + col with Nk: every row but the first is "
+           "masked and left unnormalised",
+           _SEED_UNFUSED + " (flat offset compared with a length)", ("partial_last_query_block", "batch_heads")),
+    Mutant("unfused_no_normalise", "unfused",
+           "p / l_safe, mask=col_ok", "p, mask=col_ok",
+           "softmax rows not normalised: the weights do not sum to 1",
+           _SEED_UNFUSED + " (check that each softmax row sums to 1)", ("one_query", "equal_scores")),
+    Mutant("unfused_softmax_no_max", "unfused",
+           "p = tl.exp(s - m_shift)", "p = tl.exp(s)",
+           "softmax without subtracting the row max: exp overflows for large scores and underflows to 0/0 "
+           "for very negative ones",
+           "seed: The online-softmax state (m is the stability shift)", ("large_scores", "very_negative_scores")),
+    Mutant("unfused_scores_nq_by_nq", "unfused",
+           "s = torch.empty((B, H, Nq, Nk)", "s = torch.empty((B, H, Nq, Nq)",
+           "scores buffer (Nq, Nq) and one length everywhere: keys past Nq are ignored (1 query vs 2 keys "
+           "gives 5) and Nq > Nk reads keys past the end",
+           _SEED_UNFUSED + " (wrong scores-buffer shape and lengths for cross-attention)",
+           ("hand_one_query_two_keys", "cross_nq_lt_nk", "cross_nq_gt_nk"),
+           edits=(("triton.cdiv(Nk, bn), B * H)](\n        q, k, s, scale, *q.stride(), *k.stride(), *s.stride(), H, Nq, Nk,",
+                   "triton.cdiv(Nq, bn), B * H)](\n        q, k, s, scale, *q.stride(), *k.stride(), *s.stride(), H, Nq, Nq,"),
+                  ("rows = s.view(B * H * Nq, Nk)", "rows = s.view(B * H * Nq, Nq)"),
+                  ("*rows.stride(), Nk, BLOCK=triton.next_power_of_2(Nk))",
+                   "*rows.stride(), Nq, BLOCK=triton.next_power_of_2(Nq))"),
+                  ("*s.stride(), *v.stride(), *out.stride(), H, Nq, Nk,",
+                   "*s.stride(), *v.stride(), *out.stride(), H, Nq, Nq,"))),
+    Mutant("unfused_scores_unwritten", "unfused",
+           "triton.cdiv(Nk, bn), B * H)]", "Nk // bn, B * H)]",
+           "the scores grid's key axis rounds down: the partial last key tile is never written and the "
+           "softmax reads what the buffer held. The buffer is zero-filled here so that the unwritten "
+           "entries are deterministic: torch.empty could hand back the stale scores of the reference run "
+           "and hide the bug by chance",
+           _SEED_UNFUSED + " (uninitialized buffer)", ("partial_last_key_block", "nk_lt_block_n", "fp16"),
+           edits=(("s = torch.empty((B, H, Nq, Nk)", "s = torch.zeros((B, H, Nq, Nk)"),)),
+    Mutant("unfused_causal_top_left", "unfused",
+           "offs_n[None, :] <= offs_m[:, None] + (Nk - Nq)", "offs_n[None, :] <= offs_m[:, None]",
+           "unfused causal mask aligned top-left instead of bottom-right",
+           _CAUSAL_ALIGN, ("causal_nq_lt_nk", "causal_nq_gt_nk")),
+]
+
+BY_NAME = {m.name: m for m in MUTANTS}
+assert len(BY_NAME) == len(MUTANTS), "mutant names must be unique"
+
+
+def get(name):
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"no mutant named {name!r}") from None
+
+
+def markdown():
+    """The corpus as a markdown table (docs/mutants.md)."""
+    lines = ["| name | kernel | breaks | origin | backend | killers |", "| --- | --- | --- | --- | --- | --- |"]
+    for m in MUTANTS:
+        backend = f"GPU only: {m.gpu_only}" if m.gpu_only else "CPU and GPU"
+        cells = [f"`{m.name}`", m.module, m.breaks, m.origin, backend, ", ".join(f"`{k}`" for k in m.killers)]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""The bug corpus against the suite (cases/mutants.py): every mutant must be killed by each of its named
+killer cases; the corpus must still apply to the kernel (drift); the kernels' "guards:" comments must
+name real mutants and cases; the isolation that the GPU relies on must contain crashes and hangs.
+
+Each mutant is judged on its named killers only (the whole catalogue is `flashcheck mutants`' job).
+"""
+import re
+
+import pytest
+
+from cases import catalogue, mutants, sweep
+from cases.mutants import Mutant, MutantDrift
+from cases.backend import backend
+
+# mutants compute NaN and inf on purpose: the interpreter's NumPy warnings about it are noise here
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
+
+# a kill through one of these says the mutant's own text is broken, not that the suite caught a bug
+_TEXT_ERRORS = re.compile(r"\b(NameError|SyntaxError|IndentationError|ImportError|UnboundLocalError)\b")
+
+
+def _param(m):
+    marks = [pytest.mark.mutants]
+    if m.gpu_only:
+        # conftest skips gpu-marked tests on the CPU; the skipif, evaluated first, carries the mutant's reason
+        marks += [pytest.mark.gpu, pytest.mark.skipif(backend() != "gpu", reason=f"GPU only: {m.gpu_only}")]
+    return pytest.param(m, id=m.name, marks=marks)
+
+
+@pytest.mark.parametrize("mutant", [_param(m) for m in mutants.MUTANTS])
+def test_mutant_is_killed(mutant):
+    results = mutants.kill(mutant)
+    broken = [(c.name, v.failures[0].line()) for c, v in results
+              if not v.passed and _TEXT_ERRORS.search(v.failures[0].message)]
+    assert not broken, (f"mutant {mutant.name}: its transformed source does not run, so its kills prove nothing: "
+                        f"{broken}\n{mutants.diff(mutant)}")
+    survived = [c.name for c, v in results if v.passed]
+    kills = ", ".join(f"{c.name} ({v.kind})" for c, v in results if not v.passed) or "none"
+    assert not survived, (
+        f"SURVIVOR: mutant {mutant.name} (kernel/{mutant.module}.py) was not killed by its named killer(s) "
+        f"{', '.join(survived)}: each passed the whole oracle.\n"
+        f"  breaks: {mutant.breaks}\n  origin: {mutant.origin}\n"
+        f"  expected killers: {', '.join(mutant.killers)}; actual kills: {kills}\n{mutants.diff(mutant)}")
+
+
+def test_corpus_applies_to_the_current_kernel():
+    """Drift: every find-text occurs exactly once in the kernel source it transforms."""
+    drifted = []
+    for m in mutants.MUTANTS:
+        try:
+            mutants.source(m)
+        except MutantDrift as exc:
+            drifted.append(str(exc))
+    assert not drifted, "the kernel changed under the bug corpus; update cases/mutants.py:\n" + "\n".join(drifted)
+
+
+@pytest.mark.parametrize("find, count", [("this text is in no kernel", 0), ("tl.arange(0, BLOCK_N)", 2)])
+def test_drift_names_the_mutant_and_the_count(find, count):
+    m = Mutant("drift_probe", "fused", find, "x", "-", "test", ())
+    with pytest.raises(MutantDrift, match=rf"mutant drift_probe: its find-text occurs {count} times"):
+        mutants.source(m)
+    later = Mutant("drift_probe", "fused", "LOG2E = ", "LOG2E_ = ", "-", "test", (), edits=((find, "x"),))
+    with pytest.raises(MutantDrift, match=rf"mutant drift_probe: edit 2 of 2 occurs {count} times"):
+        mutants.source(later)
+
+
+def test_corpus_records():
+    assert len(mutants.MUTANTS) >= 25
+    for m in mutants.MUTANTS:
+        assert re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", m.name), m.name
+        assert m.module in mutants.MODULES, m.name
+        assert m.breaks and m.origin and m.killers, f"mutant {m.name} must say what it breaks, where from, and its killers"
+
+
+def test_every_killer_is_a_catalogue_case():
+    missing = [(m.name, k) for m in mutants.MUTANTS for k in m.killers if k not in catalogue.BY_NAME]
+    assert not missing, f"killers that are not in cases/catalogue.py: {missing}"
+
+
+def test_cpu_judgeable_mutants_have_cpu_judgeable_killers():
+    """A mutant the interpreter can show must be killed there too: none of its killers may be GPU-only."""
+    bad = [(m.name, k) for m in mutants.MUTANTS if not m.gpu_only for k in m.killers if catalogue.get(k).gpu_only]
+    assert not bad, f"GPU-only killers of mutants the CPU judges: {bad}"
+
+
+def _guard_comments():
+    """(file, line, names) of every 'guards:' note in the kernel sources."""
+    for module, path in mutants.MODULES.items():
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if "guards:" in line:
+                names = re.findall(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b", line.split("guards:", 1)[1])
+                yield f"kernel/{module}.py:{i}", names
+
+
+def test_kernel_guard_comments_name_real_mutants_and_cases():
+    """The kernels' 'guards: mutant X' notes and the corpus must agree (both directions of drift)."""
+    unknown = [(where, n) for where, names in _guard_comments() for n in names
+               if n not in mutants.BY_NAME and n not in catalogue.BY_NAME]
+    assert not unknown, f"'guards:' comments name neither a mutant nor a catalogue case: {unknown}"
+    named = {n for _, names in _guard_comments() for n in names}
+    assert named & set(mutants.BY_NAME), "no 'guards:' comment names a mutant: the parser above is broken"
+
+
+# --- isolation: what the GPU path runs on, exercised on any backend -----------------------------------------
+
+def _injected(name, statement):
+    """A probe mutant of the fused kernel whose host code runs `statement` first."""
+    anchor = "    B, H, Nq, Nk, D, scale = check_attention_inputs("
+    return Mutant(name, "fused", anchor, f"    {statement}\n{anchor}", "-", "test", ())
+
+
+def test_isolated_verdicts_match_in_process():
+    m = mutants.get("kv_mask_plus")
+    here = mutants.kill(m, ["partial_last_key_block", "one_key"], isolate=False)
+    there = mutants.kill(m, ["partial_last_key_block", "one_key"], isolate=True)
+    assert [(c.name, v.kind, v.failures[0].where if v.failures else None) for c, v in here] == \
+           [(c.name, v.kind, v.failures[0].where if v.failures else None) for c, v in there]
+
+
+def test_a_crash_is_a_device_fault_of_that_case_only():
+    """A mutant that kills its process is reported as a device fault of the case it was judging; the next
+    case and the next mutant are judged by fresh processes as usual."""
+    crasher = _injected("probe_crash", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    first, second = mutants.judge_isolated([(crasher, [catalogue.get("one_key"), catalogue.get("one_query")]),
+                                            (mutants.get("scale_never"), [catalogue.get("custom_scale")])])
+    assert [(c.name, v.kind) for c, v in first] == [("one_key", "device fault"), ("one_query", "device fault")]
+    assert "signal 11" in first[0][1].failures[0].message
+    assert [(c.name, v.kind) for c, v in second] == [("custom_scale", "mismatch")]
+
+
+def test_a_hang_is_a_timeout():
+    sleeper = _injected("probe_hang", "import time; time.sleep(120)")
+    [(case, verdict)] = mutants.kill(sleeper, ["one_key"], isolate=True, timeout=10)
+    assert verdict.kind == "timeout", verdict.report()
+
+
+# --- the sweep's generator and its table of equivalent mutants --------------------------------------------
+
+def test_sweep_generates_each_operator_inside_jit_bodies_only():
+    generated = sweep.generate()
+    assert len({g.id for g in generated}) == len(generated), "sweep ids must be unique"
+    text = mutants.MODULES["fused"].read_text()
+    import ast
+
+    bodies = [(a, b) for a, b, _ in sweep._jit_ranges(ast.parse(text))]
+    outside = [g.id for g in generated if not any(a <= g.line <= b for a, b in bodies)]
+    assert not outside, f"sweep mutants outside the @triton.jit bodies: {outside}"
+    ops = " ".join(g.op for g in generated)
+    for op in ("'<' -> '<='", "'&' -> '|'", "'+' -> '-'", "'[:, None]' -> '[None, :]'", "other=0.0 ->",
+               "minimum -> maximum", "const", "drop statement"):
+        assert op in ops, f"the sweep generates no {op} mutant"
+    for g in generated:
+        mutants.source(g.mutant)     # each applies exactly once
+
+
+def test_sweep_equivalents_match_generated_mutants():
+    """An equivalence entry whose line changed no longer matches: it must be re-reviewed, not kept silently."""
+    ids = {g.id for g in sweep.generate()}
+    stale = sorted(set(sweep.EQUIVALENT) - ids)
+    assert not stale, f"cases/sweep.py EQUIVALENT entries matching no generated mutant: {stale}"
+
+
+def test_docs_table_is_current():
+    from pathlib import Path
+
+    doc = (Path(mutants.ROOT) / "docs" / "mutants.md").read_text()
+    assert mutants.markdown() in doc, "docs/mutants.md is stale: regenerate it with `flashcheck mutants --markdown`"
