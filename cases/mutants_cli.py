@@ -18,7 +18,7 @@ import time
 # one letter per failure kind in the matrix (cases/oracle.py KINDS)
 CODES = {"mismatch": "M", "NaN": "N", "unwritten": "U", "out-of-bounds read": "R", "out-of-bounds write": "W",
          "input written": "I", "exception": "E", "compile error": "C", "device fault": "D", "bad return": "B",
-         "hand value": "H", "lse": "L", "invariant": "V", "timeout": "T"}
+         "hand value": "H", "lse": "L", "invariant": "V", "timeout": "T", "crash": "X"}
 
 
 def add_arguments(parser):
