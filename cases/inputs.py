@@ -58,10 +58,16 @@ MIXED = {"q": "bthd", "k": "gapped", "v": "d_major", "out": "gapped"}
 
 @dataclass
 class Guarded:
-    """A (B, H, N, D) view `t` inside the flat buffer `flat`; `inside` marks the view's elements in flat."""
+    """A (B, H, N, D) view `t` inside the flat buffer `flat`."""
     t: torch.Tensor
     flat: torch.Tensor
-    inside: torch.Tensor
+
+    @property
+    def inside(self):
+        """Bool over flat: the view's elements (built on demand: it is as large as the buffer)."""
+        marks = torch.zeros(self.flat.shape, dtype=torch.uint8, device=self.flat.device)
+        marks.as_strided(self.t.shape, self.t.stride(), self.t.storage_offset() - self.flat.storage_offset()).fill_(1)
+        return marks.bool()
 
     def outside_changed(self, before):
         """Flat indices outside the view whose bits differ from `before` (a clone of flat)."""
@@ -81,13 +87,7 @@ def guarded(shape, dtype, device, layout, fill):
     view = storage.permute(perm)
     if slices is not None:
         view = view[slices]
-    # mark the view's elements: write ones through the view into a same-shaped index buffer
-    marks = torch.zeros(flat.shape, dtype=torch.bool, device=device)
-    mstorage = marks[g:g + numel].view(storage_shape).permute(perm)
-    if slices is not None:
-        mstorage = mstorage[slices]
-    mstorage.fill_(True)
-    return Guarded(view, flat, marks)
+    return Guarded(view, flat)
 
 
 def tensor_layout(layout, which):
@@ -102,7 +102,8 @@ def values(case, device="cpu"):
     B, H, Nq, Nk, D = case.B, case.H, case.Nq, case.Nk, case.D
 
     def randn(*shape):
-        return torch.randn(*shape, generator=g, device=gen_device)
+        t = torch.randn(*shape, generator=g, device=gen_device)
+        return t.to(case.torch_dtype) if case.sample_heads else t   # huge: no float32 copy kept
 
     if case.data == "explicit":
         def tile(x, n):

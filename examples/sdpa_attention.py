@@ -20,6 +20,9 @@ import torch.nn.functional as F
 
 def attention(q, k, v, *, causal=False, scale=None):
     """q: (B, H, Nq, D); k, v: (B, H, Nk, D); one float dtype and device. Returns (B, H, Nq, D)."""
+    # SDPA's memory-efficient CUDA kernel needs rows aligned to 8 elements ("cutlassF: no kernel found to
+    # launch!" on the H200 for a row pitch of D + 3): hand it dense copies; the protocol allows any strides.
+    q, k, v = (t.contiguous() for t in (q, k, v))
     if not causal:
         return F.scaled_dot_product_attention(q, k, v, scale=scale)
     Nq, Nk = q.shape[-2], k.shape[-2]

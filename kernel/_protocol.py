@@ -43,7 +43,7 @@ def check_attention_inputs(q, k, v, causal, scale, out, block_m, block_n):
         if q.device.type != "cpu":
             raise ValueError(f"Triton's interpreter (TRITON_INTERPRET=1) runs on CPU tensors, got device {q.device}")
     elif q.device.type != "cuda":
-        raise ValueError(f"the compiled backend needs CUDA tensors, got {q.device} "
+        raise ValueError(f"the compiled backend needs CUDA tensors, got device {q.device} "
                          "(set TRITON_INTERPRET=1 before importing triton to run on the CPU)")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
