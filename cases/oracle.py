@@ -110,8 +110,8 @@ class Verdict:
         return "\n".join(lines)
 
 
-class _Stop(Exception):
-    """Internal: a failure that ends the judging of this run."""
+class RunFailed(Exception):
+    """A failure that ends the judging of this run (raised by call_kernel; carries the Failure)."""
 
     def __init__(self, failure):
         self.failure = failure
@@ -142,7 +142,7 @@ def _to_numpy(t):
 
 def call_kernel(kernel, case, caps, qkv, device, guard_fill=float("nan"), use_out=True):
     """Run the kernel once on guarded inputs. Returns (inputs, out_tensor, lse_or_None, snapshots);
-    raises _Stop with the failure when the call itself fails."""
+    raises RunFailed with the failure when the call itself fails."""
     g = inp.make_inputs(case, device, qkv=qkv, guard_fill=guard_fill)
     before = {name: getattr(g, name).flat.clone() for name in ("q", "k", "v", "out")}
     kwargs = {"causal": case.causal}
@@ -160,22 +160,22 @@ def call_kernel(kernel, case, caps, qkv, device, guard_fill=float("nan"), use_ou
             torch.cuda.synchronize()
     except Exception as exc:  # the kernel under test may raise anything
         kind, text = classify_exception(exc)
-        raise _Stop(Failure(kind, text.splitlines()[0][:500] if text else kind))
+        raise RunFailed(Failure(kind, text.splitlines()[0][:500] if text else kind))
     lse = None
     if caps.lse:
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
-            raise _Stop(Failure("bad return", f"return_lse=True must return (out, lse), got {type(result).__name__}"))
+            raise RunFailed(Failure("bad return", f"return_lse=True must return (out, lse), got {type(result).__name__}"))
         result, lse = result
     B, H, Nq, D = case.B, case.H, case.Nq, case.D
     if not isinstance(result, torch.Tensor):
-        raise _Stop(Failure("bad return", f"expected a tensor, got {type(result).__name__}"))
+        raise RunFailed(Failure("bad return", f"expected a tensor, got {type(result).__name__}"))
     if tuple(result.shape) != (B, H, Nq, D) or result.dtype != case.torch_dtype \
             or result.device.type != torch.device(device).type:
-        raise _Stop(Failure("bad return", f"expected {(B, H, Nq, D)} {case.torch_dtype} on {device}, got "
+        raise RunFailed(Failure("bad return", f"expected {(B, H, Nq, D)} {case.torch_dtype} on {device}, got "
                                           f"{tuple(result.shape)} {result.dtype} on {result.device}"))
     if lse is not None:
         if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (B, H, Nq):
-            raise _Stop(Failure("bad return", f"lse must be a ({B}, {H}, {Nq}) tensor, got "
+            raise RunFailed(Failure("bad return", f"lse must be a ({B}, {H}, {Nq}) tensor, got "
                                               f"{getattr(lse, 'shape', type(lse).__name__)}"))
     return g, result, lse, before
 
@@ -187,23 +187,23 @@ def _check_memory(g, result, before, caps, use_out):
         changed = torch.nonzero(inp.int_view(gt.flat) != inp.int_view(before[name])).flatten()
         if len(changed):
             inside = bool(gt.inside[changed[0]])
-            raise _Stop(Failure("input written" if inside else "out-of-bounds write",
+            raise RunFailed(Failure("input written" if inside else "out-of-bounds write",
                                 f"{name} buffer changed at {len(changed)} element(s), first flat index "
                                 f"{int(changed[0])} ({'inside' if inside else 'outside'} the {name} view)"))
     if caps.out and use_out:
         stray = g.out.outside_changed(before["out"])
         if len(stray):
-            raise _Stop(Failure("out-of-bounds write",
+            raise RunFailed(Failure("out-of-bounds write",
                                 f"{len(stray)} element(s) outside the output view changed, first flat index "
                                 f"{int(stray[0])} of the guarded output buffer"))
         if result.data_ptr() != g.out.t.data_ptr() or result.stride() != g.out.t.stride():
             if not torch.equal(inp.int_view(result), inp.int_view(g.out.t)):
-                raise _Stop(Failure("bad return", "out= was given but the returned tensor is neither out nor "
+                raise RunFailed(Failure("bad return", "out= was given but the returned tensor is neither out nor "
                                                   "equal to it"))
     unwritten = inp.is_poison(result)
     if bool(unwritten.any()):
         first = tuple(int(x) for x in torch.nonzero(unwritten)[0])
-        raise _Stop(Failure("unwritten", f"{int(unwritten.sum())} output element(s) never written", where=first))
+        raise RunFailed(Failure("unwritten", f"{int(unwritten.sum())} output element(s) never written", where=first))
 
 
 @dataclass
@@ -232,16 +232,23 @@ def expectation(case, qkv, device):
     vmax = float(np.nanmax(np.abs(vv))) if vv.size and not np.isnan(vv).all() else 1.0
     eps = _eps(case.torch_dtype)
     omax = float(np.abs(ref[finite]).max()) if finite.any() else 0.0
-    # The floor. (a) The output's own rounding to its dtype: eps * max|out|. (b) fp32 accumulation: a kernel
+    # The floor, three terms. (a) The output's own rounding to its dtype: eps * max|out|. (b) fp32 accumulation: a kernel
     # sums D products per score and Nk terms per output in fp32, in whatever order its tiles dictate, and a
     # sum of n terms carries about sqrt(n) roundings (Higham & Mary's probabilistic bound); an output moves
     # by at most 2 max|V| per unit of score error. PyTorch's own error (cuBLAS, blocked and split sums) can
     # be well below a correct tiled kernel's in fp32, which (b) covers; tf32 (2^-11 per operand) stays ~100x
     # above it.
+    # (c) Large scores: an fp32 score cannot be closer than about eps x its largest partial sum, bounded by
+    # scale * sum_d |q_d k_d|; with raw scores of 1e4 that is 1e-4 and more, whatever the kernel does.
     accumulate = np.sqrt(case.D + case.Nk) * FP32_EPS * vmax
-    tol = FACTOR * base_err + eps * max(omax, 1.0) + accumulate
+    scale = case.scale if case.scale is not None else 1.0 / np.sqrt(case.D)
+    qa, ka = np.abs(_to_numpy(q)), np.abs(_to_numpy(k))
+    smax = abs(scale) * float(np.nanmax(np.einsum("bhid,bhjd->bhij", qa, ka))) if qa.size and ka.size else 0.0
+    smax = smax if np.isfinite(smax) else 0.0
+    tol = FACTOR * base_err + eps * max(omax, 1.0) + accumulate + 2 * vmax * FP32_EPS * smax
     lmax = float(np.abs(ref_lse[lfin]).max()) if lfin.any() else 1.0
-    tol_lse = FACTOR * base_lerr + eps * max(lmax, 1.0) + np.sqrt(case.D + case.Nk) * FP32_EPS * max(lmax, 1.0)
+    tol_lse = (FACTOR * base_lerr + eps * max(lmax, 1.0) + np.sqrt(case.D + case.Nk) * FP32_EPS * max(lmax, 1.0)
+               + FP32_EPS * smax)
     return _Expect(ref, ref_lse, tol, tol_lse, vmax)
 
 
@@ -425,22 +432,22 @@ def _judge(kernel, case, device, target, caps, layers):
             if fail is not None and fail.kind == "NaN":
                 fail = _diagnose_nan(kernel, case, caps, qkv, device, fail, heads)
             if fail is not None:
-                raise _Stop(_unselect(fail, heads))
+                raise RunFailed(_unselect(fail, heads))
             if lse is not None:
                 fail = _lse_check(lse, expect, heads)
                 if fail is not None:
-                    raise _Stop(_unselect(fail, heads))
+                    raise RunFailed(_unselect(fail, heads))
         hand = _hand_value(case, qkv)
         if "hand" in layers and hand is not None and heads is None:
             fail, _ = compare(got, hand, 0.0 if case.exact else expect.tol, what="hand value")
             if fail is not None:
                 fail.kind = "hand value"
-                raise _Stop(fail)
+                raise RunFailed(fail)
         if "invariants" in layers and case.data not in ("nan_input", "large") and heads is None:
             fail = _invariants(kernel, case, caps, qkv, _to_numpy(result), device, expect)
             if fail is not None:
-                raise _Stop(fail)
-    except _Stop as stop:
+                raise RunFailed(fail)
+    except RunFailed as stop:
         verdict.failures.append(stop.failure)
     verdict.seconds = time.perf_counter() - t0
     return verdict
@@ -451,7 +458,7 @@ def _diagnose_nan(kernel, case, caps, qkv, device, fail, heads):
     came from memory outside the inputs: an out-of-bounds (or wrong-stride) read."""
     try:
         _, res, _, _ = call_kernel(kernel, case, caps, qkv, device, guard_fill=0.0)
-    except _Stop:
+    except RunFailed:
         return fail
     if np.isfinite(_to_numpy(_select(res, heads))[fail.where]):
         fail.kind = "out-of-bounds read"

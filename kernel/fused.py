@@ -2,7 +2,7 @@
 
 The story, as the seed note tells it:
   * one program owns BLOCK_M query rows of one (batch, head); programs never talk to each other;
-  * Q is loaded and scaled once, before the loop;
+  * Q is loaded once, before the loop (and scaled in the fp32 scores, not in its own dtype: see below);
   * the program streams over K/V in blocks of BLOCK_N keys, keeping a running softmax state in fp32
     registers: m (row max), l (row denominator), acc (unnormalised output);
   * each step rescales BOTH l and acc by c = exp(m_old - m_new) <= 1, then adds the new block;
@@ -27,7 +27,7 @@ LOG2E = 1.4426950408889634  # exp(x) == exp2(x * log2(e)); exp2 is the cheaper i
 
 @triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                    start_m, lo, hi, Nk, causal_shift,
+                    qk_scale, start_m, lo, hi, Nk, causal_shift,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
                     INPUT_PRECISION: tl.constexpr):
@@ -52,9 +52,10 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
             kv_mask = offs_d[None, :] < HEAD_DIM
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
         v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-        # S = Q K^T (Q already carries scale * log2(e)). fp32 operands need input_precision="ieee":
-        # the default tf32 keeps 10 mantissa bits (~1e-3 relative error). guards: mutant fp32_tf32_dot
-        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        # S = Q K^T, accumulated in fp32, then scaled in fp32 (scale * log2(e): the loop works in base 2).
+        # fp32 operands need input_precision="ieee": the default tf32 keeps 10 mantissa bits (~1e-3 relative
+        # error). guards: mutants fp32_tf32_dot, scale_twice, scale_never, scale_q_in_input_dtype
+        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
         if MASKED:
             # The score mask varies along the KEY axis ([None, :] on S); the K/V load mask has the wrong
             # axes (key rows x head-dim columns). guards: mutant score_mask_wrong_axis, case block_m_gt_block_n
@@ -114,10 +115,11 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     # Masks compare logical coordinates (row, column) with their bounds; strides are applied separately.
     # Rows use Nq, columns use the true head dim (padded head-dim columns load as 0 and add 0 to every dot).
     q_mask = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_DIM)
+    # Q is loaded once and stays in registers for the whole loop. It is NOT pre-scaled, as the seed suggests
+    # to save one multiply per score: Q * scale rounded back to fp16/bf16 loses bits that large scores need
+    # (fp16, scores ~1e4: error 0.08 against PyTorch's 0.024). guards: mutant scale_q_in_input_dtype, case
+    # fp16_large_scores
     q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk, mask=q_mask, other=0.0)
-    # Scale Q once, not the scores every iteration; log2(e) is folded in so the loop can use exp2.
-    # guards: mutants scale_twice, scale_never
-    q = (q * qk_scale).to(q.dtype)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -137,10 +139,10 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         hi = Nk
         full_hi = Nk // BLOCK_N * BLOCK_N
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                                    start_m, 0, full_hi, Nk, causal_shift,
+                                    qk_scale, start_m, 0, full_hi, Nk, causal_shift,
                                     BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, False, IS_CAUSAL, INPUT_PRECISION)
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                                    start_m, full_hi, hi, Nk, causal_shift,
+                                    qk_scale, start_m, full_hi, hi, Nk, causal_shift,
                                     BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, True, IS_CAUSAL, INPUT_PRECISION)
 
     # Normalise once. A row that sees no key (causal, Nq > Nk) has l = 0 and acc = 0: its output is 0

@@ -1,0 +1,216 @@
+"""Measured power of the properties alone: run cases/properties.py (no named catalogue case) against every
+mutant of the bug corpus (cases/mutants.py) and report which mutants they kill, the fraction, and the time.
+
+    python -m cases.power [--examples N] [--mutant NAME ...] [--property NAME ...] [--shrink] [--seed S]
+                          [--json PATH]
+
+For each mutant: hypothesis generates up to N cases (derandomized: a run repeats exactly, and every mutant
+starts from the same cases; hypothesis steers later ones by what earlier ones did), checks every applicable property on each (the mutant as the kernel; the other project kernel for the
+agreement property) and stops at the first failure. A mutant of kernel/fused.py is compared with the real
+unfused kernel and vice versa. --shrink also shrinks the killing case to a minimal catalogue entry.
+--property restricts the search to some properties (e.g. the metamorphic relations alone, without the
+reference, to measure what they catch with no oracle of record).
+
+Each mutant runs in a forked child: a mutant that corrupts memory (an interpreter store out of bounds) or
+faults the GPU takes down its child only, which counts as a kill ("crash"), as a hang past --timeout does.
+The parent never initialises CUDA, so forking is safe on the GPU backend too.
+"""
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+DEFAULT_EXAMPLES = 40
+DEFAULT_TIMEOUT = 900.0
+
+
+@dataclass
+class Outcome:
+    mutant: str
+    module: str
+    status: str             # "killed", "missed", "skipped" (GPU only here), "error" (does not apply / load)
+    prop: str = ""          # the property that killed it
+    kind: str = ""          # the failure kind (oracle.KINDS, or "crash" / "timeout")
+    detail: str = ""        # the failure's first line, the skip reason, or the error
+    entry: str = ""         # the killing case as a catalogue entry (Case.source())
+    examples: int = 0       # generated cases tried (shrinking included)
+    seconds: float = 0.0
+
+
+def _hunt(mutant, examples, shrink, seed, props):
+    """In this process: search the properties for a failure of the mutant. Returns an Outcome."""
+    from cases import mutants, properties
+    from kernel import fused, unfused
+
+    try:
+        attention = mutants.load(mutant).attention
+    except Exception as exc:  # drift (the kernel changed under it) or a mutant that does not import
+        return Outcome(mutant.name, mutant.module, "error", detail=f"{type(exc).__name__}: {exc}"[:500])
+    other = fused.attention if mutant.module == "unfused" else unfused.attention
+    result = properties.search(attention, examples, other=other, target=mutants.target(mutant),
+                               names=props, shrink=shrink, seed=seed, kernels=("fused", "unfused"))
+    f = result.failure
+    if f is None:
+        return Outcome(mutant.name, mutant.module, "missed", examples=result.examples, seconds=result.seconds)
+    return Outcome(mutant.name, mutant.module, "killed", f.prop, f.failure.kind, f.failure.line()[:300],
+                   f.entry().source(), result.examples, result.seconds)
+
+
+def _hunt_forked(mutant, examples, shrink, seed, props, timeout):
+    """_hunt in a forked child; a child that dies or hangs kills the mutant (crash / timeout)."""
+    read_fd, write_fd = os.pipe()
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        code = 0
+        try:
+            outcome = _hunt(mutant, examples, shrink, seed, props)
+            with os.fdopen(write_fd, "w") as pipe:
+                pipe.write(json.dumps(asdict(outcome)))
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(read_fd)
+            return Outcome(mutant.name, mutant.module, "killed", kind="timeout",
+                           detail=f"no verdict within {timeout:.0f} s", seconds=time.perf_counter() - t0)
+        time.sleep(0.05)
+    with os.fdopen(read_fd) as pipe:
+        text = pipe.read()
+    rc = os.waitstatus_to_exitcode(status)
+    if rc == 0 and text:
+        return Outcome(**json.loads(text))
+    if rc < 0:
+        return Outcome(mutant.name, mutant.module, "killed", kind="crash",
+                       detail=f"the run died of signal {signal.Signals(-rc).name}",
+                       seconds=time.perf_counter() - t0)
+    return Outcome(mutant.name, mutant.module, "error", detail=f"the search itself failed (exit code {rc}); "
+                                                               "see the traceback above")
+
+
+def measure(names=None, *, examples=DEFAULT_EXAMPLES, props=None, shrink=False, seed=None, isolate=True,
+            timeout=DEFAULT_TIMEOUT, progress=None):
+    """Outcomes of the properties (all, or those named in props) against the corpus (or the named
+    mutants), in corpus order."""
+    from cases import mutants
+    from cases.backend import backend
+
+    chosen = [mutants.get(n) for n in names] if names else list(mutants.MUTANTS)
+    if isolate:
+        # imported once here so that every forked child starts warm (this initialises no CUDA context)
+        import cases.properties  # noqa: F401
+        import kernel.fused  # noqa: F401
+        import kernel.unfused  # noqa: F401
+    outcomes = []
+    for m in chosen:
+        if m.gpu_only and backend() != "gpu":
+            outcome = Outcome(m.name, m.module, "skipped", detail=f"GPU only: {m.gpu_only}")
+        elif isolate:
+            outcome = _hunt_forked(m, examples, shrink, seed, props, timeout)
+        else:
+            outcome = _hunt(m, examples, shrink, seed, props)
+        outcomes.append(outcome)
+        if progress:
+            progress(outcome)
+    return outcomes
+
+
+def line(o):
+    if o.status == "killed":
+        head = f"killed by {o.prop or o.kind}" + (f" ({o.kind})" if o.prop else "")
+        return (f"{o.mutant:32s} {head:40s} after {o.examples:3d} case(s) {o.seconds:7.1f} s"
+                + (f"\n    {o.entry}" if o.entry else ""))
+    if o.status == "missed":
+        return f"{o.mutant:32s} {'MISSED':40s} after {o.examples:3d} case(s) {o.seconds:7.1f} s"
+    return f"{o.mutant:32s} {o.status.upper()}: {o.detail}"
+
+
+def summary(outcomes, seconds):
+    judged = [o for o in outcomes if o.status in ("killed", "missed")]
+    killed = [o for o in judged if o.status == "killed"]
+    missed = [o.mutant for o in judged if o.status == "missed"]
+    skipped = [o.mutant for o in outcomes if o.status == "skipped"]
+    errors = [o.mutant for o in outcomes if o.status == "error"]
+    frac = len(killed) / len(judged) if judged else 0.0
+    lines = [f"properties alone killed {len(killed)}/{len(judged)} mutants ({100 * frac:.0f}%) in {seconds:.0f} s"]
+    if missed:
+        lines.append("missed: " + ", ".join(missed))
+    if skipped:
+        lines.append("skipped (GPU only on this backend): " + ", ".join(skipped))
+    if errors:
+        lines.append("errors (not judged): " + ", ".join(errors))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m cases.power", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--examples", type=int, default=DEFAULT_EXAMPLES, metavar="N",
+                        help=f"generated cases per mutant at most (default {DEFAULT_EXAMPLES})")
+    parser.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant (repeatable)")
+    parser.add_argument("--property", action="append", metavar="NAME",
+                        help="only this property (repeatable; default all of cases/properties.py)")
+    parser.add_argument("--shrink", action="store_true", help="shrink each killing case to a minimal one")
+    parser.add_argument("--seed", type=int, help="a random seed instead of the derandomized sequence")
+    parser.add_argument("--no-isolate", action="store_true", help="run every mutant in this process")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+                        help=f"seconds per mutant before it counts as a hang (default {DEFAULT_TIMEOUT:.0f})")
+    parser.add_argument("--backend", choices=["cpu", "gpu"], help="force a backend")
+    parser.add_argument("--json", metavar="PATH", help="also write the outcomes as JSON")
+    args = parser.parse_args(argv)
+    if args.examples < 1:
+        parser.error("--examples must be >= 1")
+    if args.backend:
+        os.environ["FLASHCHECK_BACKEND"] = args.backend
+    from cases.backend import describe, select_backend
+
+    select_backend()
+    import warnings
+
+    # mutants compute NaN and inf on purpose: NumPy's warnings from inside the interpreter are noise here
+    warnings.filterwarnings("ignore", category=RuntimeWarning)
+    from cases import mutants
+
+    from cases.properties import NAMES
+
+    unknown = [n for n in args.mutant or () if n not in mutants.BY_NAME]
+    if unknown:
+        parser.error(f"no mutant named {', '.join(unknown)}")
+    unknown = [n for n in args.property or () if n not in NAMES]
+    if unknown:
+        parser.error(f"no property named {', '.join(unknown)}; properties: {', '.join(NAMES)}")
+    which = ", ".join(args.property) if args.property else "all properties"
+    print(f"flashcheck properties vs the bug corpus: {describe()}; {which}; up to {args.examples} cases per "
+          f"mutant", flush=True)
+    t0 = time.perf_counter()
+    outcomes = measure(args.mutant, examples=args.examples, props=args.property, shrink=args.shrink,
+                       seed=args.seed, isolate=not args.no_isolate, timeout=args.timeout,
+                       progress=lambda o: print(line(o), flush=True))
+    seconds = time.perf_counter() - t0
+    print()
+    print(summary(outcomes, seconds))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"seconds": seconds, "examples": args.examples, "properties": args.property or list(NAMES),
+                       "outcomes": [asdict(o) for o in outcomes]},
+                      fh, indent=1)
+    return 1 if any(o.status == "error" for o in outcomes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

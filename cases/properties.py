@@ -1,0 +1,513 @@
+"""Properties every correct attention kernel has, as plain functions: usable from pytest
+(tests/test_properties.py), from `flashcheck verify --examples N` (through search()) and from cases/power.py.
+
+Each property takes a kernel (the protocol of DESIGN.md) and a Case and returns None when it holds, or a
+PropertyFailure naming the property, the first bad element (b, h, row, col), got, expected, the tolerance,
+and the case as a paste-ready catalogue entry (Case.source()).
+
+  reference           the kernel equals the float64 reference within the dtype's tolerance: oracle.judge
+                      with its reference, hand, poison and guard layers (its invariant layer is this module)
+  agreement           two kernels (fused and unfused) agree within the sum of their tolerances
+  permutation         permuting the key/value rows jointly leaves a non-causal output unchanged
+  v_scaling           V -> a V gives a out
+  v_shift             V -> V + c (c one vector for every value row) gives out + c on every row that sees a key
+  scale_equivariance  Q -> c Q with scale -> scale / c gives the same output (a kernel that mishandles the
+                      scale argument; every other relation holds at any softmax temperature)
+  row_locality        new values in one query row (of one batch, head) change no other output row
+  duplication         every key/value pair twice gives the same output (and lse + ln 2). Non-causal: the keys
+                      concatenated with themselves. Causal: that does not hold in general (row i of the doubled
+                      problem sees keys 0..i + 2Nk - Nq, not both copies of the keys it saw), but interleaving
+                      a copy after every query AND every key/value does: query 2i+1 sees exactly both copies
+                      of keys 0..i + Nk - Nq, so the odd output rows equal the original rows
+  convex_hull         each output element lies between the min and max of V's column over the keys its row
+                      sees (a softmax is a convex combination)
+  causal_hidden_keys  causal: rows 0..r do not change when the keys row r cannot see get new values
+
+Tolerances of the relations use no reference value: each run is within its own oracle tolerance of the
+truth (oracle.expectation(case, inputs).tol, which the reference property demands), so runs related by
+out' = a out + c differ by at most tol' + |a| tol, plus how far rounding the transformed inputs to the
+dtype moves the truth: the output is a convex combination of value rows, so at most max|V' - (a V + c)|.
+Inputs are finite (data="nan_input" only enters the reference property), so every output of every run
+must be finite: an unwritten element (the poison) or a read from the NaN guard bands fails there.
+"""
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from cases import inputs as inp
+from cases import oracle
+from reference.numpy_ref import visible
+
+# judge's invariant layer re-checks relations this module states one by one; skipping it saves 3-4 runs
+REFERENCE_LAYERS = ("reference", "hand", "poison", "guards")
+
+
+@dataclass
+class PropertyFailure:
+    prop: str
+    target: str
+    case: object              # cases.case.Case
+    failure: oracle.Failure
+    detail: str = ""          # the relation's parameters, e.g. "keys permuted by ('swap', 0, 3)"
+    repro: str = ""           # how to re-check it
+
+    def entry(self):
+        """The failing case as a catalogue entry, named and explained (paste into cases/catalogue.py)."""
+        return self.case.replace(name=f"found_{self.prop}",
+                                 why=f"property {self.prop} ({self.failure.kind}) found by hypothesis")
+
+    def report(self):
+        lines = [f"property {self.prop} FAILED [{self.target}]", "  " + self.failure.line()]
+        if self.detail:
+            lines.append(f"  relation: {self.detail}")
+        lines += ["  catalogue entry (paste into cases/catalogue.py):", "    " + self.entry().source()]
+        if self.repro:
+            lines.append(f"  re-check: {self.repro}")
+        return "\n".join(lines)
+
+    __str__ = report
+
+
+class _Broken(Exception):
+    """Internal: a run failed in a way that ends the property (exception, bad return, NaN, unwritten)."""
+
+    def __init__(self, failure):
+        super().__init__(failure.line())
+        self.failure = failure
+
+
+@dataclass
+class Run:
+    """One kernel run: float64 output (B, H, Nq, D) and log-sum-exp (B, H, Nq), or None when the kernel
+    does not return one."""
+    out: np.ndarray
+    lse: np.ndarray = None
+
+
+class Trial:
+    """One kernel on one case: the case's inputs, their oracle expectation and the base run, each computed
+    once and shared by every property checked on the case."""
+
+    def __init__(self, kernel, case, *, device=None, target="kernel"):
+        from cases.backend import device as active_device
+
+        self.kernel, self.case, self.target = kernel, case, target
+        self.device = device or active_device()
+        self.qkv = inp.values(case)
+        self._expect = None
+        self._base = None
+
+    def expect(self, qkv=None, case=None):
+        """oracle.expectation of the base inputs (cached) or of transformed ones (with their case when the
+        shape changed)."""
+        if qkv is None:
+            if self._expect is None:
+                self._expect = oracle.expectation(self.case, self.qkv, self.device)
+            return self._expect
+        return oracle.expectation(case or self.case, qkv, self.device)
+
+    def run(self, qkv=None, case=None, kernel=None):
+        """One run on guarded, poisoned buffers; the base run (no arguments) is cached. Raises _Broken when
+        the call fails, an element is never written, or an output is not finite (the inputs are)."""
+        if qkv is None and case is None and kernel is None:
+            if self._base is None:
+                self._base = self._run(self.kernel, self.case, self.qkv)
+            return self._base
+        return self._run(kernel or self.kernel, case or self.case, self.qkv if qkv is None else qkv)
+
+    def _run(self, kernel, case, qkv):
+        caps = oracle.Capabilities.of(kernel)
+        try:
+            _, result, lse, _ = oracle.call_kernel(kernel, case, caps, qkv, self.device)
+        except oracle.RunFailed as stop:  # the oracle's own "this call failed" signal, carrying its Failure
+            raise _Broken(stop.failure) from None
+        unwritten = inp.is_poison(result).cpu().numpy()
+        if unwritten.any():
+            raise _Broken(oracle.Failure("unwritten", f"{int(unwritten.sum())} output element(s) never written",
+                                         where=_first(unwritten)))
+        out = _f64(result).numpy()
+        bad = ~np.isfinite(out)
+        if bad.any():
+            w = _first(bad)
+            raise _Broken(oracle.Failure("NaN", f"{int(bad.sum())} non-finite output element(s) from finite "
+                                                "inputs (a NaN guard band read, or an overflow)",
+                                         where=w, got=float(out[w]), expected=float("nan")))
+        if lse is None:
+            return Run(out)
+        lse = _f64(lse).numpy()
+        if np.isnan(lse).any():
+            w = _first(np.isnan(lse)[..., None])
+            raise _Broken(oracle.Failure("lse", "NaN log-sum-exp from finite inputs", where=w,
+                                         got=float("nan"), expected=float("nan")))
+        return Run(out, lse)
+
+
+def _first(mask):
+    return tuple(int(x) for x in np.argwhere(mask)[0])
+
+
+def _f64(t):
+    return t.detach().to("cpu", torch.float64)
+
+
+def _sees_key(case):
+    """(Nq, 1) bool: which query rows see at least one key."""
+    return visible(case.Nq, case.Nk, case.causal).any(axis=1)[:, None]
+
+
+def _relation(what, got, want, bound, compared=None, *, lse=None):
+    """Failure when got and want (outputs) differ by more than bound on the compared elements (default all);
+    then, when lse = (got_lse, want_lse, bound_lse) has both sides, the same for the log-sum-exp rows."""
+    if compared is not None:
+        want = np.where(compared, want, got)
+    failure, _ = oracle.compare(got, want, bound, what="invariant")
+    if failure is None and lse is not None and lse[0] is not None and lse[1] is not None:
+        got_l, want_l, bound_l = lse
+        if compared is not None:
+            rows = np.broadcast_to(compared, got.shape)[..., 0]
+            want_l = np.where(rows, want_l, got_l)
+        failure, _ = oracle.compare(got_l[..., None], want_l[..., None], bound_l, what="invariant")
+        if failure is not None:
+            failure.message = "log-sum-exp " + failure.message
+    if failure is not None:
+        failure.kind = "invariant"
+        failure.message = f"{what}: {failure.message}"
+    return failure
+
+
+def _std(t):
+    s = float(t.float().std()) if t.numel() > 1 else 1.0
+    return s if np.isfinite(s) and s > 0 else 1.0
+
+
+def _checked(name, kernel, case, trial, target, body, detail="", repro=""):
+    trial = trial or Trial(kernel, case, target=target)
+    try:
+        failure = body(trial)
+    except _Broken as broken:
+        failure = broken.failure
+    if failure is None:
+        return None
+    return PropertyFailure(name, trial.target, case, failure, detail, repro)
+
+
+def _repro(fn, param=None):
+    extra = "" if param is None else f", {param!r}"
+    return f"cases.properties.{fn}(kernel, <the case above>{extra})"
+
+
+def _same_lse(got, base, e_got, e_base, shift=0.0):
+    """The lse part of a relation: got's lse equals base's (+ shift) within the sum of the lse tolerances."""
+    return got.lse, None if base.lse is None else base.lse + shift, e_got.tol_lse + e_base.tol_lse
+
+
+# ---- the reference, and two kernels against each other ----
+
+def reference(kernel, case, *, trial=None, target="kernel", device=None):
+    """The kernel against the float64 reference, through the oracle (poisoned output and guard bands)."""
+    verdict = oracle.judge(kernel, case, device=device or (trial.device if trial else None), target=target,
+                           layers=REFERENCE_LAYERS)
+    if verdict.passed:
+        return None
+    return PropertyFailure("reference", target, case, verdict.failures[0], repro=verdict.repro())
+
+
+def agreement(kernel, other, case, *, trial=None, target="kernel"):
+    """kernel and other on the same guarded inputs differ by at most the sum of their tolerances (both are
+    held to the same derived tolerance of this case), in the output and in the log-sum-exp."""
+    def body(t):
+        e = t.expect()
+        mine, theirs = t.run(), t.run(kernel=other)
+        return _relation(f"{target} and {getattr(other, '__module__', 'the other kernel')} disagree",
+                         theirs.out, mine.out, 2 * e.tol, lse=_same_lse(theirs, mine, e, e))
+    return _checked("agreement", kernel, case, trial, target, body, repro=_repro("agreement"))
+
+
+# ---- metamorphic relations ----
+
+def permutation_index(perm, Nk):
+    """The key order a description from strategies.key_permutations stands for."""
+    if perm[0] == "swap":
+        idx = list(range(Nk))
+        i, j = perm[1] % Nk, perm[2] % Nk
+        idx[i], idx[j] = idx[j], idx[i]
+        return torch.tensor(idx)
+    if perm[0] == "reverse":
+        return torch.arange(Nk - 1, -1, -1)
+    if perm[0] == "rotate":
+        return torch.roll(torch.arange(Nk), perm[1])
+    if perm[0] == "shuffle":
+        return torch.randperm(Nk, generator=torch.Generator().manual_seed(perm[1]))
+    raise ValueError(f"unknown permutation {perm!r}")
+
+
+def permutation(kernel, case, perm=("reverse",), *, trial=None, target="kernel"):
+    """Non-causal: permuting the key/value rows jointly leaves the output (and the lse) unchanged."""
+    def body(t):
+        q, k, v = t.qkv
+        idx = permutation_index(perm, case.Nk)
+        moved = (q, k[:, :, idx], v[:, :, idx])
+        base, got, e0, e1 = t.run(), t.run(moved), t.expect(), t.expect(moved)
+        return _relation(f"keys/values permuted by {perm} must not change the output", got.out, base.out,
+                         e0.tol + e1.tol, lse=_same_lse(got, base, e1, e0))
+    return _checked("permutation", kernel, case, trial, target, body, f"keys permuted by {perm!r}",
+                    _repro("permutation", perm))
+
+
+def v_scaling(kernel, case, a=2.0, *, trial=None, target="kernel"):
+    """V -> a V gives a out (a of any sign; rows that see no key stay 0 = a 0); the lse does not depend on V."""
+    def body(t):
+        q, k, v = t.qkv
+        v2 = (_f64(v) * a).to(v.dtype)
+        rounding = float((_f64(v2) - a * _f64(v)).abs().max()) if v.numel() else 0.0
+        base, got, e0, e1 = t.run(), t.run((q, k, v2)), t.expect(), t.expect((q, k, v2))
+        return _relation(f"V scaled by {a} must scale the output by {a}", got.out, a * base.out,
+                         e1.tol + abs(a) * e0.tol + rounding, lse=_same_lse(got, base, e1, e0))
+    return _checked("v_scaling", kernel, case, trial, target, body, f"V -> {a!r} * V", _repro("v_scaling", a))
+
+
+def v_shift(kernel, case, shift=(1.0, 0), *, trial=None, target="kernel"):
+    """V -> V + c, with c = magnitude * randn(D) (seeded) added to every value row, gives out + c on every
+    row that sees a key; a row that sees none stays 0. The lse does not depend on V."""
+    magnitude, seed = shift
+
+    def body(t):
+        q, k, v = t.qkv
+        c = magnitude * torch.randn(case.D, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        v2 = (_f64(v) + c).to(v.dtype)
+        rounding = float((_f64(v2) - (_f64(v) + c)).abs().max()) if v.numel() else 0.0
+        base, got, e0, e1 = t.run(), t.run((q, k, v2)), t.expect(), t.expect((q, k, v2))
+        want = np.where(_sees_key(case), base.out + c.numpy(), base.out)
+        return _relation(f"V + c (c = {magnitude} * randn(D), seed {seed}) must give out + c", got.out, want,
+                         e1.tol + e0.tol + rounding, lse=_same_lse(got, base, e1, e0))
+    return _checked("v_shift", kernel, case, trial, target, body,
+                    f"V -> V + {magnitude!r} * randn(D, seed={seed})", _repro("v_shift", shift))
+
+
+def scale_equivariance(kernel, case, c=2.0, *, trial=None, target="kernel"):
+    """Q -> c Q with the softmax scale -> scale / c leaves the scores, so the output and the lse, unchanged.
+    c is a power of two (or its negative), which scales exactly: the truth does not move at all. The other
+    relations hold for any softmax temperature; this one sees a kernel that mishandles the scale argument."""
+    def body(t):
+        q, k, v = t.qkv
+        scale = case.scale if case.scale is not None else 1.0 / np.sqrt(case.D)
+        case2 = case.replace(scale=float(scale / c))
+        q2 = (_f64(q) * c).to(q.dtype)
+        base, got, e0, e1 = t.run(), t.run((q2, k, v), case2), t.expect(), t.expect((q2, k, v), case2)
+        return _relation(f"Q scaled by {c} with the scale divided by {c} must not change the output", got.out,
+                         base.out, e0.tol + e1.tol, lse=_same_lse(got, base, e1, e0))
+    return _checked("scale_equivariance", kernel, case, trial, target, body,
+                    f"Q -> {c!r} * Q, scale -> scale / {c!r}", _repro("scale_equivariance", c))
+
+
+def row_locality(kernel, case, change=(0, 0, 0, 0), *, trial=None, target="kernel"):
+    """New values in query row (b, h, row) change no other output row (nor its lse): rows are independent."""
+    b, h, row, seed = change
+
+    def body(t):
+        q, k, v = t.qkv
+        q2 = q.clone()
+        fresh = torch.randn(case.D, generator=torch.Generator().manual_seed(seed)) * _std(q)
+        q2[b, h, row] = fresh.to(q.dtype)
+        others = np.ones((case.B, case.H, case.Nq, 1), dtype=bool)
+        others[b, h, row] = False
+        base, got, e0, e1 = t.run(), t.run((q2, k, v)), t.expect(), t.expect((q2, k, v))
+        return _relation(f"new values in query (b={b}, h={h}, row={row}) must change only that output row",
+                         got.out, base.out, e0.tol + e1.tol, others, lse=_same_lse(got, base, e1, e0))
+    return _checked("row_locality", kernel, case, trial, target, body,
+                    f"query (b={b}, h={h}, row={row}) replaced (seed {seed})", _repro("row_locality", change))
+
+
+def duplication(kernel, case, *, trial=None, target="kernel"):
+    """Every key/value pair twice leaves the output unchanged and adds ln 2 to the lse. Non-causal: the keys
+    concatenated with themselves (Nk -> 2 Nk, a loop twice as long). Causal: queries and keys/values each
+    interleaved with a copy (Nq -> 2 Nq, Nk -> 2 Nk); the odd rows must equal the original rows."""
+    def body(t):
+        q, k, v = t.qkv
+        if case.causal:
+            q2, k2, v2 = (x.repeat_interleave(2, dim=2) for x in (q, k, v))
+            case2 = case.replace(Nq=2 * case.Nq, Nk=2 * case.Nk)
+            run2 = t.run((q2, k2, v2), case2)
+            got = Run(run2.out[:, :, 1::2], None if run2.lse is None else run2.lse[:, :, 1::2])
+        else:
+            q2, k2, v2 = q, torch.cat([k, k], dim=2), torch.cat([v, v], dim=2)
+            case2 = case.replace(Nk=2 * case.Nk)
+            got = t.run((q2, k2, v2), case2)
+        what = ("queries and keys/values interleaved with copies: odd rows must equal the original rows"
+                if case.causal else "every key/value pair twice must not change the output")
+        base, e0, e1 = t.run(), t.expect(), t.expect((q2, k2, v2), case2)
+        # the tolerance of the doubled case's lse bounds every row of it, the odd ones included
+        return _relation(what, got.out, base.out, e0.tol + e1.tol, lse=_same_lse(got, base, e1, e0, np.log(2.0)))
+    detail = ("q, k, v rows each interleaved with a copy" if case.causal else "k, v concatenated with themselves")
+    return _checked("duplication", kernel, case, trial, target, body, detail, _repro("duplication"))
+
+
+def convex_hull(kernel, case, *, trial=None, target="kernel"):
+    """Each output element lies within [min, max] of V's column over the keys its row sees (+- tol)."""
+    def body(t):
+        out = t.run().out
+        if out.size == 0:
+            return None
+        v = _f64(t.qkv[2]).numpy()
+        # a row sees a prefix of the keys: 0..Nk-1, or 0..i+Nk-Nq when causal (none when that is < 0)
+        last = np.arange(case.Nq) + (case.Nk - case.Nq) if case.causal else np.full(case.Nq, case.Nk - 1)
+        sees = last >= 0
+        idx = np.clip(last, 0, case.Nk - 1)
+        lo = np.minimum.accumulate(v, axis=2)[:, :, idx]
+        hi = np.maximum.accumulate(v, axis=2)[:, :, idx]
+        tol = t.expect().tol
+        rows = sees[None, None, :, None]
+        below = rows & (out < lo - tol)
+        above = rows & (out > hi + tol)
+        if not (below.any() or above.any()):
+            return None
+        w = _first(below | above)
+        bound = lo[w] if below[w] else hi[w]
+        side = "min" if below[w] else "max"
+        return oracle.Failure("invariant", f"output outside the convex hull of the value rows it sees: beyond "
+                                           f"the {side} of V's column over keys 0..{idx[w[2]]} "
+                                           f"({int((below | above).sum())} element(s))",
+                              where=w, got=float(out[w]), expected=float(bound), tol=tol)
+    return _checked("convex_hull", kernel, case, trial, target, body, repro=_repro("convex_hull"))
+
+
+def causal_hidden_keys(kernel, case, hidden=(0, 0), *, trial=None, target="kernel"):
+    """Causal: the keys row r cannot see (j > r + Nk - Nq) get new values (larger scores, other values);
+    rows 0..r see none of them, and neither their output nor their lse may change."""
+    row, seed = hidden
+
+    def body(t):
+        q, k, v = t.qkv
+        first = max(row + case.Nk - case.Nq + 1, 0)
+        if first >= case.Nk:
+            return None
+        g = torch.Generator().manual_seed(seed)
+        k2, v2 = k.clone(), v.clone()
+        n = case.Nk - first
+        # scores about 3x the others, so that a leaked key would dominate its row
+        k2[:, :, first:] = (torch.randn(case.B, case.H, n, case.D, generator=g) * 3 * _std(k)).to(k.dtype)
+        v2[:, :, first:] = (torch.randn(case.B, case.H, n, case.D, generator=g) * 4 * _std(v)).to(v.dtype)
+        rows = np.zeros((case.B, case.H, case.Nq, 1), dtype=bool)
+        rows[:, :, :row + 1] = True
+        base, got, e0, e1 = t.run(), t.run((q, k2, v2)), t.expect(), t.expect((q, k2, v2))
+        return _relation(f"rows 0..{row} must ignore keys {first}..{case.Nk - 1}, which they cannot see",
+                         got.out, base.out, e0.tol + e1.tol, rows, lse=_same_lse(got, base, e1, e0))
+    return _checked("causal_hidden_keys", kernel, case, trial, target, body,
+                    f"keys >= row {row} + Nk - Nq + 1 replaced (seed {seed})",
+                    _repro("causal_hidden_keys", hidden))
+
+
+# ---- all of them, for search() and cases/power.py ----
+
+@dataclass(frozen=True)
+class Property:
+    name: str
+    applies: object           # case -> bool
+
+
+def _param_strategies():
+    """Each parametrized property's parameter strategy (a function of the case). Imported late: the
+    properties themselves need no hypothesis."""
+    from cases import strategies as S
+
+    return {"permutation": lambda c: S.key_permutations(c.Nk), "v_scaling": lambda c: S.v_factors(),
+            "v_shift": lambda c: S.v_shifts(), "scale_equivariance": lambda c: S.q_factors(),
+            "row_locality": S.query_changes,
+            "causal_hidden_keys": S.hidden_key_rows}
+
+
+def _finite(case):
+    return case.data != "nan_input"
+
+
+PROPERTIES = (
+    Property("reference", lambda c: True),
+    Property("agreement", _finite),
+    Property("permutation", lambda c: _finite(c) and not c.causal and c.Nk > 1),
+    Property("v_scaling", _finite),
+    Property("v_shift", _finite),
+    Property("scale_equivariance", _finite),
+    Property("row_locality", lambda c: _finite(c) and c.Nq > 0),
+    Property("duplication", _finite),
+    Property("convex_hull", _finite),
+    Property("causal_hidden_keys", lambda c: _finite(c) and c.causal and c.Nq > 1),
+)
+NAMES = tuple(p.name for p in PROPERTIES)
+
+
+def check(name, kernel, case, param=None, *, other=None, trial=None, target="kernel"):
+    """Run one property by name (param: its drawn parameter; other: the second kernel of agreement)."""
+    if name not in NAMES:
+        raise ValueError(f"no property named {name!r}; properties: {', '.join(NAMES)}")
+    if name == "reference":
+        return reference(kernel, case, trial=trial, target=target)
+    if name == "agreement":
+        return agreement(kernel, other, case, trial=trial, target=target)
+    fn = globals()[name]
+    if param is None:
+        return fn(kernel, case, trial=trial, target=target)
+    return fn(kernel, case, param, trial=trial, target=target)
+
+
+def check_case(kernel, case, draw, *, other=None, names=None, target="kernel", device=None):
+    """Every applicable property (or those in names) on one case, sharing the base run; parameters come
+    from draw (hypothesis's data.draw). Returns the first PropertyFailure, or None."""
+    trial = Trial(kernel, case, device=device, target=target)
+    params = _param_strategies()
+    for prop in PROPERTIES:
+        if (names and prop.name not in names) or not prop.applies(case):
+            continue
+        if prop.name == "agreement" and other is None:
+            continue
+        param = draw(params[prop.name](case), label=prop.name) if prop.name in params else None
+        failure = check(prop.name, kernel, case, param, other=other, trial=trial, target=target)
+        if failure is not None:
+            return failure
+    return None
+
+
+@dataclass
+class SearchResult:
+    failure: PropertyFailure = None    # the first failure found (shrunk when shrink=True), or None
+    examples: int = 0                  # cases tried (shrinking included)
+    seconds: float = 0.0
+
+
+def search(kernel, examples, *, other=None, names=None, target="kernel", shrink=True, seed=None,
+           device=None, **case_options):
+    """Try up to `examples` generated cases (every applicable property on each) and stop at the first
+    failure, shrunk to a minimal case when shrink=True. Derandomized unless a seed is given: the same call
+    tries the same cases. case_options go to strategies.cases (dtypes=, causal=, max_len=, ...)."""
+    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis import strategies as st
+    from hypothesis.errors import Flaky
+
+    from cases import strategies as S
+
+    case_options.setdefault("kernels", ("fused", "unfused") if other is not None else ("fused",))
+    found, tried = [], [0]
+
+    @settings(max_examples=examples, derandomize=seed is None, database=None, deadline=None,
+              phases=(Phase.generate, Phase.shrink) if shrink else (Phase.generate,),
+              report_multiple_bugs=False, suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
+              print_blob=False)
+    @given(st.data())
+    def explore(data):
+        tried[0] += 1
+        case = data.draw(S.cases(**case_options), label="case")
+        failure = check_case(kernel, case, data.draw, other=other, names=names, target=target, device=device)
+        if failure is not None:
+            found.append(failure)
+            raise AssertionError(failure.report())
+
+    if seed is not None:
+        explore = hypothesis_seed(seed)(explore)
+    t0 = time.perf_counter()
+    try:
+        explore()
+    except (AssertionError, Flaky):
+        pass   # the failure is in `found`; its last entry is the example hypothesis replayed last (the minimal)
+    return SearchResult(found[-1] if found else None, tried[0], time.perf_counter() - t0)

@@ -1,0 +1,262 @@
+"""Hypothesis strategies over the legal case space of the active backend, and the test profiles.
+
+Every strategy produces cases.case.Case objects, the catalogue's own syntax, so a shrunk failing example
+prints as a ready catalogue entry (Case.source()).
+
+The space, per backend (cases.backend.backend()):
+  cpu  Triton's interpreter: fp32 and fp16 only (its bfloat16 is silently wrong), block pins down to 4,
+       lengths up to 80, and a cost cap on the tiles the interpreter walks through (it runs one program at
+       a time in NumPy: about 2.5 ms per (query block, key block) step of the fused kernel);
+  gpu  compiled: fp32, fp16, bf16, block pins >= 16 (tl.dot's minimum), tiles that fit shared memory,
+       lengths up to 256, or 1024 under the `thorough` profile.
+Lengths gather at block boundaries (multiples of 4..64, or 16..128 on the GPU, and their neighbours) and
+at the small end (0 queries, 1 key), where the masks live; head dims gather at 1, 2, 3, 15..17, 31..33,
+59, 63..65, 111, 127..129, 255, 256. Shrinking goes toward the kernel's own blocks, contiguous fp32,
+B = H = 1, randn data and the default scale, so a minimal example only pins what the bug needs.
+
+Profiles: dev (quick, the default), ci (derandomized, bounded; the default when $CI is set), thorough
+(many examples, larger shapes on the GPU). Chosen by pytest's --hypothesis-profile or by
+$FLASHCHECK_HYPOTHESIS_PROFILE.
+"""
+import math
+import os
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from cases.case import Case
+
+PROFILE_ENV = "FLASHCHECK_HYPOTHESIS_PROFILE"
+PROFILES = ("dev", "ci", "thorough")
+CASE_NAME = "hypothesis_example"
+# Generated data that never makes the float64 reference NaN; "nan_input" is asked for explicitly.
+FINITE_DATA = ("randn", "large", "very_negative", "equal_scores")
+LAYOUT_ORDER = ("contiguous", "bthd", "gapped", "d_major", "mixed")
+HEAD_DIMS = (1, 2, 3, 15, 16, 17, 31, 32, 33, 59, 63, 64, 65, 111, 127, 128, 129, 255, 256)
+# (B, H) pairs, simplest first; B != H catches swapped batch/head offsets
+BATCH_HEADS = ((1, 1), (1, 2), (2, 1), (2, 3), (3, 2), (1, 3), (3, 1), (2, 2))
+# scales besides the default 1/sqrt(D): 0 (every score equal), negative (a flipped softmax), and large
+# ones that push randn scores toward exp's overflow, the magnitude regime between randn and data="large"
+SCALES = (1.0, 0.0, -0.7, 0.125, 3.0, 8.0)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The part of the case space one backend (and profile) can run in reasonable time."""
+    dtypes: tuple
+    blocks: tuple            # block pins besides None (the kernel's own choice)
+    default_block: int       # what the kernel picks when unpinned (for the cost estimate)
+    max_len: int
+    boundary_blocks: tuple   # block sizes whose multiples (and neighbours) lengths gather at
+    max_ms: float = None     # interpreter cost cap of one case's kernel runs (estimate, see cost_ms)
+    max_macs: int = None     # cap on B*H*Nq*Nk*D: the float64 NumPy reference runs on the host
+    smem_bytes: int = None   # cap on a tile's shared-memory estimate (GPU)
+
+
+CPU = Limits(dtypes=("fp32", "fp16"), blocks=(4, 8, 16, 32, 64), default_block=64, max_len=80,
+             boundary_blocks=(4, 8, 16, 32, 64), max_ms=150.0)
+GPU = Limits(dtypes=("fp32", "fp16", "bf16"), blocks=(16, 32, 64, 128), default_block=64, max_len=256,
+             boundary_blocks=(16, 32, 64, 128), max_macs=1 << 24, smem_bytes=160 * 1024)
+GPU_THOROUGH = Limits(dtypes=GPU.dtypes, blocks=GPU.blocks, default_block=64, max_len=1024,
+                      boundary_blocks=GPU.boundary_blocks, max_macs=1 << 27, smem_bytes=GPU.smem_bytes)
+
+
+def current_profile():
+    """The name of the loaded hypothesis profile."""
+    getter = getattr(settings, "get_current_profile_name", None)
+    # get_current_profile_name() is recent; older hypothesis keeps the name in a class attribute
+    return getter() if getter else getattr(settings, "_current_profile", "default")
+
+
+def limits(backend=None, profile=None):
+    """The Limits of a backend ("cpu" | "gpu", default the active one) under a profile (default the loaded
+    one)."""
+    if backend is None:
+        from cases.backend import backend as active
+
+        backend = active()
+    if backend != "gpu":
+        return CPU
+    return GPU_THOROUGH if (profile or current_profile()) == "thorough" else GPU
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def cost_ms(case, kernels=("fused",), lim=CPU):
+    """Estimated interpreter time (ms) of one run of each kernel on this case, summed. Measured on the
+    interpreter: the fused kernel pays ~2.5 ms per (query block, key block) step; the unfused one ~5 ms per
+    step over its two tiled kernels and ~1.6 ms per query row for its row-wise softmax."""
+    bm = case.block_m or lim.default_block
+    bn = case.block_n or lim.default_block
+    bh = case.B * case.H
+    steps = bh * _cdiv(case.Nq, bm) * _cdiv(case.Nk, bn)
+    total = 0.0
+    if "fused" in kernels:
+        total += 3.0 + 2.5 * steps
+    if "unfused" in kernels:
+        total += 5.0 + 5.0 * steps + 1.6 * bh * case.Nq
+    return total
+
+
+def _tile_fits(lim, block, D, dtype):
+    """GPU: a K/V tile pipelined over 3 stages plus the Q tile must fit shared memory (estimate)."""
+    if lim.smem_bytes is None or block is None:
+        return True
+    block_d = max(1 << (D - 1).bit_length(), 16)
+    elt = 4 if dtype == "fp32" else 2
+    return elt * block_d * block * 7 <= lim.smem_bytes
+
+
+def _length(lim, lo, hi):
+    """A sequence length in [lo, hi], gathered at the small end and at block boundaries +-1."""
+    hi = max(hi, lo)
+    near_boundary = st.builds(
+        lambda blk, m, delta: min(max(blk * m + delta, lo), hi),
+        st.sampled_from(lim.boundary_blocks), st.integers(1, max(1, hi // min(lim.boundary_blocks))),
+        st.sampled_from((1, -1, 0)))
+    return st.one_of(st.integers(lo, min(hi, 8)), near_boundary, st.integers(lo, hi))
+
+
+def _head_dim(ok=None):
+    """A head dim in 1..256, mostly small; ok (a kernel's declared support) picks from the allowed ones
+    directly rather than filtering, which a narrow support (e.g. 64 and 128 only) would starve."""
+    if ok is None:
+        return st.one_of(st.integers(1, 16), st.sampled_from(HEAD_DIMS), st.integers(1, 256))
+    allowed = tuple(d for d in range(1, 257) if ok(d))
+    if not allowed:
+        raise ValueError("head_dim_ok admits no head dim in 1..256")
+    marked = tuple(d for d in HEAD_DIMS if d in allowed) or allowed
+    return st.one_of(st.sampled_from(allowed[:16]), st.sampled_from(marked), st.sampled_from(allowed))
+
+
+def _scale():
+    """None (1/sqrt(D)) first."""
+    return st.one_of(st.none(), st.sampled_from(SCALES),
+                     st.floats(-4.0, 4.0, allow_nan=False).map(lambda x: round(x, 3)))
+
+
+@st.composite
+def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("fused",), min_nq=0,
+          max_len=None, head_dim_ok=None, backend=None, profile=None, pin_blocks=True):
+    """Cases of the legal space of the backend.
+
+    causal: None draws it, True/False fixes it. dtypes, layouts, data: the allowed values (default: all
+    the backend can judge, all layouts, FINITE_DATA). kernels: which of ("fused", "unfused") will run the
+    case, for the cost cap. min_nq: the smallest query length (properties about rows need 1).
+    max_len: a caller's cap on Nq and Nk. head_dim_ok: a predicate on D (a kernel's declared support).
+    pin_blocks=False leaves the block sizes to the kernel.
+    """
+    lim = limits(backend, profile)
+    dtype = draw(st.sampled_from(tuple(d for d in lim.dtypes if dtypes is None or d in dtypes)))
+    is_causal = draw(st.booleans()) if causal is None else causal
+    layout = draw(st.sampled_from(tuple(x for x in LAYOUT_ORDER if layouts is None or x in layouts)))
+    kind = draw(st.sampled_from(tuple(data or FINITE_DATA)))
+    # drawn whatever the data, so that shrinking the data kind leaves the draws after it in place. Only
+    # randn-like data keeps it: with data="large" or "very_negative" a large scale takes the fp16 baseline
+    # of the oracle to inf, where no tolerance can be derived
+    scale = draw(_scale())
+    if kind not in ("randn", "equal_scores"):
+        scale = None
+    top = min(lim.max_len, max_len or lim.max_len)
+    D = draw(_head_dim(head_dim_ok))
+    if lim.max_macs:
+        # the float64 reference is B*H*Nq*Nk*D multiply-adds on the host: keep the lengths within it
+        top = max(2, min(top, math.isqrt(lim.max_macs // D)))
+    # data="nan_input" puts its NaN in query row Nq // 2, so it needs a row
+    Nq = draw(_length(lim, max(min_nq, kind == "nan_input"), top))
+    Nk = draw(_length(lim, 1, top))
+    shape = Case(CASE_NAME, Nq=Nq, Nk=Nk, D=D, dtype=dtype)
+
+    def within(case):
+        if lim.max_ms is not None and cost_ms(case, kernels, lim) > lim.max_ms:
+            return False
+        return not lim.max_macs or case.B * case.H * case.Nq * case.Nk * case.D <= lim.max_macs
+
+    # (B, H) judged with the kernel's own blocks, then the block pins that keep the case within the cap
+    pairs = tuple(p for p in BATCH_HEADS if within(shape.replace(B=p[0], H=p[1]))) or BATCH_HEADS[:1]
+    B, H = draw(st.sampled_from(pairs))
+    shape = shape.replace(B=B, H=H)
+    block_m = block_n = None
+    if pin_blocks:
+        # None (the kernel's own blocks) stays an option even when the shape alone exceeds the cap
+        pins = tuple(b for b in lim.blocks if _tile_fits(lim, b, D, dtype))
+        block_m = draw(st.sampled_from((None,) + tuple(b for b in pins if within(shape.replace(block_m=b)))))
+        block_n = draw(st.sampled_from((None,) + tuple(
+            b for b in pins if within(shape.replace(block_m=block_m, block_n=b)))))
+    seed = draw(st.integers(0, 2 ** 16))
+    return Case(CASE_NAME, B=B, H=H, Nq=Nq, Nk=Nk, D=D, dtype=dtype, causal=is_causal, scale=scale,
+                layout=layout, block_m=block_m, block_n=block_n, seed=seed, data=kind)
+
+
+# ---- parameters of the metamorphic relations (cases/properties.py), small and printable ----
+
+def key_permutations(Nk):
+    """A permutation of the keys as a short description: ("swap", i, j), ("reverse",), ("rotate", r) or
+    ("shuffle", seed). Swaps come first: they shrink to the two keys a bug confuses."""
+    last = max(Nk - 1, 0)
+    return st.one_of(
+        st.tuples(st.just("swap"), st.integers(0, last), st.integers(0, last)),
+        st.just(("reverse",)),
+        st.tuples(st.just("rotate"), st.integers(1, max(Nk - 1, 1))),
+        st.tuples(st.just("shuffle"), st.integers(0, 2 ** 16)))
+
+
+def v_factors():
+    """Factors a for V -> a V: powers of two are exact in floating point, the others round."""
+    return st.one_of(st.sampled_from((2.0, -1.0, 0.5, -4.0, 3.0, 0.1)),
+                     st.floats(-16.0, 16.0, allow_nan=False).map(lambda x: round(x, 3)))
+
+
+def q_factors():
+    """Factors c for Q -> c Q (with scale -> scale / c): powers of two and their negatives, exact in floating
+    point."""
+    return st.sampled_from((2.0, 0.5, -1.0, 4.0, 0.25, -2.0))
+
+
+def v_shifts():
+    """(magnitude, seed) of a vector c = magnitude * randn(D) added to every value row."""
+    return st.tuples(st.sampled_from((1.0, -3.0, 0.5, 10.0)), st.integers(0, 2 ** 16))
+
+
+def query_changes(case):
+    """(b, h, row, seed): which query row gets new values."""
+    return st.tuples(st.integers(0, case.B - 1), st.integers(0, case.H - 1), st.integers(0, case.Nq - 1),
+                     st.integers(0, 2 ** 16))
+
+
+def hidden_key_rows(case):
+    """(row, seed): rows 0..row must ignore the keys row cannot see (j > row + Nk - Nq), which get new
+    values. Only rows below Nq - 1 have hidden keys."""
+    return st.tuples(st.integers(0, case.Nq - 2), st.integers(0, 2 ** 16))
+
+
+# ---- profiles ----
+
+def register_profiles():
+    """Register dev, ci and thorough. deadline=None throughout: the first call of a kernel compiles (GPU)
+    or builds the interpreter's program (CPU), and one example runs a kernel several times."""
+    # parent: hypothesis's own defaults, not whatever is loaded (with $CI set hypothesis loads its "ci" profile,
+    # whose derandomize would leak into dev)
+    common = dict(parent=settings.get_profile("default"), deadline=None,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    settings.register_profile("dev", max_examples=10, **common)
+    # derandomized: every CI run tries the same examples; no database: nothing carries over between runs
+    settings.register_profile("ci", max_examples=50, derandomize=True, database=None, print_blob=True,
+                              **common)
+    settings.register_profile("thorough", max_examples=200, print_blob=True, **common)
+
+
+def default_profile():
+    """$FLASHCHECK_HYPOTHESIS_PROFILE, else ci when $CI is set, else dev."""
+    name = os.environ.get(PROFILE_ENV) or ("ci" if os.environ.get("CI") else "dev")
+    if name not in PROFILES:
+        raise SystemExit(f"{PROFILE_ENV}={name!r}: expected one of {', '.join(PROFILES)}")
+    return name
+
+
+def load_default_profile():
+    register_profiles()
+    settings.load_profile(default_profile())

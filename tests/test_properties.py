@@ -1,0 +1,173 @@
+"""Hypothesis property tests (cases/properties.py) of the fused kernel, and of the unfused baseline where the
+issue asks for it, over the case space of cases/strategies.py under the loaded profile (dev, ci, thorough).
+
+A failure's message is the property's report: the first bad element, got, expected, tolerance, and the
+shrunk case as a catalogue entry, one `Case(...)` line to paste into cases/catalogue.py.
+"""
+import pytest
+from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import strategies as st
+
+from cases import properties as P
+from cases import strategies as S
+from cases.backend import backend
+from cases.case import parse_case
+from kernel import fused, unfused
+
+pytestmark = pytest.mark.properties
+FUSED = "kernel.fused:attention"
+UNFUSED = "kernel.unfused:attention"
+
+
+def holds(failure):
+    if failure is not None:
+        raise AssertionError(failure.report())
+
+
+@given(case=S.cases(data=S.FINITE_DATA + ("nan_input",)))
+def test_fused_matches_reference(case):
+    holds(P.reference(fused.attention, case, target=FUSED))
+
+
+# the unfused softmax holds a whole row of scores in one tile: Nk <= unfused.MAX_ROW
+@given(case=S.cases(kernels=("unfused",), max_len=unfused.MAX_ROW, data=S.FINITE_DATA + ("nan_input",)))
+def test_unfused_matches_reference(case):
+    holds(P.reference(unfused.attention, case, target=UNFUSED))
+
+
+@given(case=S.cases(kernels=("fused", "unfused"), max_len=unfused.MAX_ROW))
+def test_fused_and_unfused_agree(case):
+    holds(P.agreement(fused.attention, unfused.attention, case, target=FUSED))
+
+
+@given(case=S.cases(causal=False), data=st.data())
+def test_key_permutation_leaves_output_unchanged(case, data):
+    perm = data.draw(S.key_permutations(case.Nk), label="perm")
+    holds(P.permutation(fused.attention, case, perm, target=FUSED))
+
+
+@given(case=S.cases(), a=S.v_factors())
+def test_scaling_v_scales_output(case, a):
+    holds(P.v_scaling(fused.attention, case, a, target=FUSED))
+
+
+@given(case=S.cases(), shift=S.v_shifts())
+def test_shifting_v_shifts_output(case, shift):
+    holds(P.v_shift(fused.attention, case, shift, target=FUSED))
+
+
+@given(case=S.cases(), c=S.q_factors())
+def test_trading_q_scale_for_softmax_scale_leaves_output_unchanged(case, c):
+    holds(P.scale_equivariance(fused.attention, case, c, target=FUSED))
+
+
+@given(case=S.cases(min_nq=1), data=st.data())
+def test_query_row_changes_only_its_output_row(case, data):
+    holds(P.row_locality(fused.attention, case, data.draw(S.query_changes(case), label="change"), target=FUSED))
+
+
+@given(case=S.cases())
+def test_duplicating_keys_leaves_output_unchanged(case):
+    holds(P.duplication(fused.attention, case, target=FUSED))
+
+
+@given(case=S.cases())
+def test_output_in_convex_hull_of_values(case):
+    holds(P.convex_hull(fused.attention, case, target=FUSED))
+
+
+@given(case=S.cases(causal=True, min_nq=2), data=st.data())
+def test_causal_rows_ignore_hidden_keys(case, data):
+    hidden = data.draw(S.hidden_key_rows(case), label="hidden")
+    holds(P.causal_hidden_keys(fused.attention, case, hidden, target=FUSED))
+
+
+def _drops_last_key(q, k, v, **kwargs):
+    """A broken kernel: attends over every key but the last (when there are two or more)."""
+    keep = max(k.shape[2] - 1, 1)
+    return fused.attention(q, k[:, :, :keep], v[:, :, :keep], **kwargs)
+
+
+def test_failure_prints_shrunk_case_as_catalogue_entry():
+    """Part 4 of the issue: a property fails on a broken kernel, hypothesis shrinks the case, and the failure
+    text holds a `Case(...)` line that parses, is minimal, and reproduces the failure."""
+    @settings(max_examples=40, derandomize=True, database=None, deadline=None,
+              phases=(Phase.generate, Phase.shrink), report_multiple_bugs=False)
+    @given(case=S.cases())
+    def broken_matches_reference(case):
+        holds(P.reference(_drops_last_key, case, target="tests:drops_last_key"))
+
+    with pytest.raises(AssertionError) as info:
+        broken_matches_reference()
+    text = str(info.value)
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith("Case(")]
+    assert lines, f"no Case(...) line in the failure text:\n{text}"
+    entry = parse_case(lines[0])
+    # minimal: the bug needs one query and two keys, and nothing else
+    assert (entry.B, entry.H, entry.Nq, entry.Nk) == (1, 1, 1, 2), text
+    assert entry.block_m is None and entry.block_n is None and entry.layout == "contiguous", text
+    assert P.reference(_drops_last_key, entry) is not None, "the printed case must reproduce the failure"
+    assert P.reference(fused.attention, entry) is None, "the real kernel must pass the printed case"
+
+
+_QUICK = settings(max_examples=300, database=None, derandomize=True, phases=(Phase.generate,),
+                  suppress_health_check=list(HealthCheck))
+_REGIONS = {
+    "causal, Nq > Nk (rows that see no key)": lambda c: c.causal and c.Nq > c.Nk,
+    "causal, Nq < Nk": lambda c: c.causal and 0 < c.Nq < c.Nk,
+    "Nq = 1": lambda c: c.Nq == 1,
+    "Nk = 1": lambda c: c.Nk == 1,
+    "partial last key block, several key blocks": lambda c: c.block_n and c.Nk > c.block_n and c.Nk % c.block_n,
+    "partial last query block": lambda c: c.block_m and c.Nq > c.block_m and c.Nq % c.block_m,
+    "BLOCK_M != BLOCK_N": lambda c: c.block_m and c.block_n and c.block_m != c.block_n,
+    "many key blocks": lambda c: c.Nk >= 8 * (c.block_n or 64),
+    "D = 1": lambda c: c.D == 1,
+    "D > 16, not a power of two": lambda c: c.D > 16 and c.D & (c.D - 1),
+    "D = 256": lambda c: c.D == 256,
+    "B != H, both > 1": lambda c: c.B > 1 and c.H > 1 and c.B != c.H,
+    "fp16": lambda c: c.dtype == "fp16",
+    "large scores": lambda c: c.data == "large",
+    "very negative scores": lambda c: c.data == "very_negative",
+    "negative scale": lambda c: c.scale is not None and c.scale < 0,
+    "large scale": lambda c: c.scale is not None and c.scale >= 3,
+    **{f"layout {layout}": (lambda c, layout=layout: c.layout == layout) for layout in S.LAYOUT_ORDER},
+}
+
+
+@pytest.mark.parametrize("region", sorted(_REGIONS))
+def test_strategy_reaches(region):
+    """The case strategy reaches each region where a known bug class lives (no kernel runs here)."""
+    find(S.cases(), _REGIONS[region], settings=_QUICK)
+
+
+@_QUICK
+@given(case=S.cases(kernels=("fused", "unfused")))
+def test_strategy_stays_in_the_legal_space(case):
+    lim = S.limits()
+    assert case.dtype in lim.dtypes
+    assert case.block_m in (None,) + lim.blocks and case.block_n in (None,) + lim.blocks
+    assert 0 <= case.Nq <= lim.max_len and 1 <= case.Nk <= lim.max_len and 1 <= case.D <= 256
+    if backend() == "gpu":
+        assert "bf16" in lim.dtypes and min(lim.blocks) >= 16   # tl.dot's minimum
+    else:
+        assert "bf16" not in lim.dtypes                           # wrong in Triton's interpreter
+        # within the interpreter's cost cap, unless the shape alone exceeds it (then nothing is multiplied)
+        within = S.cost_ms(case, ("fused", "unfused"), lim) <= lim.max_ms
+        assert within or (case.B, case.H, case.block_m, case.block_n) == (1, 1, None, None)
+
+
+def test_power_names_the_killing_property():
+    """cases/power.py on two mutants: one the reference-free relations cannot see (a softmax temperature
+    error: exp for exp2), one they can (the scale argument applied twice)."""
+    from cases import power
+
+    relations = ("permutation", "v_scaling", "v_shift", "scale_equivariance", "row_locality", "duplication",
+                 "convex_hull", "causal_hidden_keys")
+    by_name = {o.mutant: o for o in power.measure(["scale_twice", "exp_instead_of_exp2"], examples=8,
+                                                  props=relations, isolate=False)}
+    twice, exp = by_name["scale_twice"], by_name["exp_instead_of_exp2"]
+    assert twice.status == "killed" and twice.prop == "scale_equivariance", twice
+    assert parse_case(twice.entry).name == "found_scale_equivariance"
+    assert exp.status == "missed" and exp.examples >= 8, exp
+    (killed,) = power.measure(["exp_instead_of_exp2"], examples=8, props=("reference",), isolate=False)
+    assert killed.status == "killed" and killed.prop == "reference", killed
