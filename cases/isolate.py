@@ -91,6 +91,11 @@ def _import_file(path):
     directory = os.path.dirname(path)
     if directory not in sys.path:
         sys.path.insert(0, directory)
+    return import_file_as(path, name)
+
+
+def import_file_as(path, name):
+    """Execute the .py file at `path` as the module `name` (also used for the bug corpus's mutants)."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     # registered before it runs: dataclasses and Triton's source lookup find their module by name

@@ -20,7 +20,6 @@ generated mutant can write far outside the guard bands and corrupt the interpret
 """
 import atexit
 import difflib
-import importlib.util
 import json
 import os
 import queue
@@ -32,6 +31,8 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from cases.isolate import import_file_as
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = {"fused": ROOT / "kernel" / "fused.py", "unfused": ROOT / "kernel" / "unfused.py"}
@@ -130,14 +131,7 @@ def load(mutant):
         name += f"_{len(_LOADED)}"
     path = _tmpdir() / f"{name}.py"
     path.write_text(text)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
+    module = import_file_as(path, name)
     _LOADED[key] = module
     return module
 
