@@ -566,7 +566,7 @@ MUTANTS = [
     Mutant("exp_instead_of_exp2", "fused",
            "c = tl.math.exp2(m_i - m_shift)\n        p = tl.math.exp2(qk - m_shift[:, None])",
            "c = tl.exp(m_i - m_shift)\n        p = tl.exp(qk - m_shift[:, None])",
-           "exp instead of exp2 while Q still carries the log2(e) factor: the softmax runs at the wrong "
+           "exp instead of exp2 while the scores carry the log2(e) factor: the softmax runs at the wrong "
            "temperature",
            _OTHER + " (log2-domain softmax)", ("custom_scale", "one_query")),
     # --- scale -------------------------------------------------------------------------------------

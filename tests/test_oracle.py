@@ -161,3 +161,9 @@ def test_sampled_heads_map_failures_back():
         return out
     verdict = judge(wrong_last_head, case)
     assert verdict.kind == "mismatch" and verdict.failures[0].where == (1, 2, 4, 6)
+
+
+def test_every_failure_kind_has_a_kill_matrix_code():
+    from cases import mutants_cli
+
+    assert set(oracle.KINDS) == set(mutants_cli.CODES)
