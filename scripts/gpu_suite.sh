@@ -11,7 +11,8 @@ step() { echo "=== $* ($(date +%T))" | tee -a "$LOG"; }
 timed() { local t0=$SECONDS; "$@" 2>&1 | tee -a "$LOG"; local rc=${PIPESTATUS[0]}; echo "--- rc=$rc wall=$((SECONDS - t0))s" | tee -a "$LOG"; return $rc; }
 status=0
 step "device"; nvidia-smi -L | tee -a "$LOG"; python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$LOG"
-step "pytest"; timed python -m pytest -n "${WORKERS:-auto}" -p no:cacheprovider "$@" || status=1
+step "pytest"; timed python -m pytest -n "${WORKERS:-auto}" -p no:cacheprovider --junitxml="$OUT/junit.xml" "$@" || status=1
+grep -o 'property name="[a-z_]*" value="[^"]*"' "$OUT/junit.xml" | tee -a "$LOG"
 cat "$OUT/workers.log" >> "$LOG" 2>/dev/null
 step "kill matrix"; timed python -m cases mutants --json "$OUT/mutants.json" || status=1
 for target in kernel.fused:attention kernel.unfused:attention examples/sdpa_attention.py:attention; do
