@@ -579,14 +579,6 @@ MUTANTS = [
            "input_precision=INPUT_PRECISION) * qk_scale", "input_precision=INPUT_PRECISION)",
            "the softmax scale (and the log2(e) factor the loop's exp2 needs) never applied",
            _SEED_DECOMP + " (scale once)", ("custom_scale", "scale_zero")),
-    Mutant("scale_q_in_input_dtype", "fused",
-           "input_precision=INPUT_PRECISION) * qk_scale", "input_precision=INPUT_PRECISION)",
-           "Q pre-scaled once and rounded back to fp16/bf16, as the seed suggests to save a multiply per "
-           "score: with large scores the lost bits of Q*scale move the softmax (fp16, scores ~1e4: 3x "
-           "PyTorch's own fp16 error)",
-           _SEED_DECOMP + " (scale Q once: a precision trap in fp16/bf16, found by the hypothesis properties)",
-           ("fp16_large_scores",),
-           edits=(("mask=q_mask, other=0.0)\n", "mask=q_mask, other=0.0)\n    q = (q * qk_scale).to(q.dtype)\n"),)),
     # --- causal ------------------------------------------------------------------------------------
     Mutant("causal_no_masked_row_guard", "fused",
            'm_shift = tl.where(m_new == float("-inf"), 0.0, m_new)', "m_shift = m_new",

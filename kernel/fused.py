@@ -54,7 +54,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
         # S = Q K^T, accumulated in fp32, then scaled in fp32 (scale * log2(e): the loop works in base 2).
         # fp32 operands need input_precision="ieee": the default tf32 keeps 10 mantissa bits (~1e-3 relative
-        # error). guards: mutants fp32_tf32_dot, scale_twice, scale_never, scale_q_in_input_dtype
+        # error). guards: mutants fp32_tf32_dot, scale_twice, scale_never
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
         if MASKED:
             # The score mask varies along the KEY axis ([None, :] on S); the K/V load mask has the wrong
@@ -115,10 +115,9 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     # Masks compare logical coordinates (row, column) with their bounds; strides are applied separately.
     # Rows use Nq, columns use the true head dim (padded head-dim columns load as 0 and add 0 to every dot).
     q_mask = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_DIM)
-    # Q is loaded once and stays in registers for the whole loop. It is NOT pre-scaled, as the seed suggests
-    # to save one multiply per score: Q * scale rounded back to fp16/bf16 loses bits that large scores need
-    # (fp16, scores ~1e4: error 0.08 against PyTorch's 0.024). guards: mutant scale_q_in_input_dtype, case
-    # fp16_large_scores
+    # Q is loaded once and stays in registers for the whole loop. The seed pre-scales it here to save one
+    # multiply per score; this kernel scales the fp32 scores instead, because Q * scale rounded back to
+    # fp16/bf16 loses bits that large scores need (fp16, raw scores ~1e4, D = 256: error 0.08 against 0.001).
     q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk, mask=q_mask, other=0.0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
