@@ -160,6 +160,11 @@ def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("
     scale = draw(_scale())
     if kind not in ("randn", "equal_scores"):
         scale = None
+    if kind == "large":
+        # raw scores of 1e4 are ill-conditioned in fp16/bf16: where a kernel applies the scale (to Q in the
+        # input dtype, as the seed does, or to the fp32 scores) moves the output by more than twice
+        # PyTorch's own error, so no tolerance there tells a bug from a legitimate design; fp32 can judge it
+        dtype = "fp32"
     top = min(lim.max_len, max_len or lim.max_len)
     D = draw(_head_dim(head_dim_ok))
     if lim.max_macs:
