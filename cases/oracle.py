@@ -140,7 +140,7 @@ def _to_numpy(t):
     return t.detach().to("cpu", torch.float64).numpy()
 
 
-def call_kernel(kernel, case, caps, qkv, device, guard_fill=float("nan"), use_out=True):
+def call_kernel(kernel, case, caps, qkv, device, guard_fill=float("nan")):
     """Run the kernel once on guarded inputs. Returns (inputs, out_tensor, lse_or_None, snapshots);
     raises RunFailed with the failure when the call itself fails."""
     g = inp.make_inputs(case, device, qkv=qkv, guard_fill=guard_fill)
@@ -150,7 +150,7 @@ def call_kernel(kernel, case, caps, qkv, device, guard_fill=float("nan"), use_ou
         kwargs["scale"] = case.scale
     if caps.blocks and (case.block_m or case.block_n):
         kwargs.update(block_m=case.block_m, block_n=case.block_n)
-    if caps.out and use_out:
+    if caps.out:
         kwargs["out"] = g.out.t
     if caps.lse:
         kwargs["return_lse"] = True
@@ -180,7 +180,7 @@ def call_kernel(kernel, case, caps, qkv, device, guard_fill=float("nan"), use_ou
     return g, result, lse, before
 
 
-def _check_memory(g, result, before, caps, use_out):
+def _check_memory(g, result, before, caps):
     """Guards and poison: inputs untouched, nothing written outside the output, every output written."""
     for name in ("q", "k", "v"):
         gt = getattr(g, name)
@@ -190,7 +190,7 @@ def _check_memory(g, result, before, caps, use_out):
             raise RunFailed(Failure("input written" if inside else "out-of-bounds write",
                                 f"{name} buffer changed at {len(changed)} element(s), first flat index "
                                 f"{int(changed[0])} ({'inside' if inside else 'outside'} the {name} view)"))
-    if caps.out and use_out:
+    if caps.out:
         stray = g.out.outside_changed(before["out"])
         if len(stray):
             raise RunFailed(Failure("out-of-bounds write",
@@ -213,13 +213,13 @@ class _Expect:
     lse: np.ndarray
     tol: float
     tol_lse: float
-    vmax: float
 
 
 def expectation(case, qkv, device):
     """float64 reference + tolerance derived from PyTorch's error in the case's dtype (same inputs)."""
     q, k, v = qkv
-    ref, ref_lse = numpy_ref.attention(_to_numpy(q), _to_numpy(k), _to_numpy(v), case.causal, case.scale)
+    qn, kn, vn = (_to_numpy(t) for t in qkv)
+    ref, ref_lse = numpy_ref.attention(qn, kn, vn, case.causal, case.scale)
     with torch_ref.no_tf32():
         base, base_lse = torch_ref.attention(q.to(device), k.to(device), v.to(device), case.causal, case.scale)
     finite = np.isfinite(ref)
@@ -228,28 +228,26 @@ def expectation(case, qkv, device):
     lfin = np.isfinite(ref_lse)
     lerr = np.abs(_to_numpy(base_lse)[lfin] - ref_lse[lfin])
     base_lerr = float(lerr.max()) if lerr.size and np.isfinite(lerr).all() else 0.0
-    vv = _to_numpy(v)
-    vmax = float(np.nanmax(np.abs(vv))) if vv.size and not np.isnan(vv).all() else 1.0
+    vmax = float(np.nanmax(np.abs(vn))) if vn.size and not np.isnan(vn).all() else 1.0
     eps = _eps(case.torch_dtype)
     omax = float(np.abs(ref[finite]).max()) if finite.any() else 0.0
-    # The floor, three terms. (a) The output's own rounding to its dtype: eps * max|out|. (b) fp32 accumulation: a kernel
-    # sums D products per score and Nk terms per output in fp32, in whatever order its tiles dictate, and a
-    # sum of n terms carries about sqrt(n) roundings (Higham & Mary's probabilistic bound); an output moves
-    # by at most 2 max|V| per unit of score error. PyTorch's own error (cuBLAS, blocked and split sums) can
-    # be well below a correct tiled kernel's in fp32, which (b) covers; tf32 (2^-11 per operand) stays ~100x
-    # above it.
-    # (c) Large scores: an fp32 score cannot be closer than about eps x its largest partial sum, bounded by
+    # The floor, three terms. (a) The output's own rounding to its dtype: eps * max|out|. (b) fp32
+    # accumulation: a kernel sums D products per score and Nk terms per output in fp32, in whatever order its
+    # tiles dictate, and a sum of n terms carries about sqrt(n) roundings (Higham & Mary's probabilistic
+    # bound); an output moves by at most 2 max|V| per unit of score error. PyTorch's own error (cuBLAS,
+    # blocked and split sums) can be well below a correct tiled kernel's in fp32, which (b) covers; tf32
+    # (2^-11 per operand) stays far above it. (c) Large scores: an fp32 score cannot be closer than about eps x its largest partial sum, bounded by
     # scale * sum_d |q_d k_d|; with raw scores of 1e4 that is 1e-4 and more, whatever the kernel does.
     accumulate = np.sqrt(case.D + case.Nk) * FP32_EPS * vmax
     scale = case.scale if case.scale is not None else 1.0 / np.sqrt(case.D)
-    qa, ka = np.abs(_to_numpy(q)), np.abs(_to_numpy(k))
+    qa, ka = np.abs(qn), np.abs(kn)
     smax = abs(scale) * float(np.nanmax(np.einsum("bhid,bhjd->bhij", qa, ka))) if qa.size and ka.size else 0.0
     smax = smax if np.isfinite(smax) else 0.0
     tol = FACTOR * base_err + eps * max(omax, 1.0) + accumulate + 2 * vmax * FP32_EPS * smax
     lmax = float(np.abs(ref_lse[lfin]).max()) if lfin.any() else 1.0
     tol_lse = (FACTOR * base_lerr + eps * max(lmax, 1.0) + np.sqrt(case.D + case.Nk) * FP32_EPS * max(lmax, 1.0)
                + FP32_EPS * smax)
-    return _Expect(ref, ref_lse, tol, tol_lse, vmax)
+    return _Expect(ref, ref_lse, tol, tol_lse)
 
 
 def _heads(case):
@@ -424,7 +422,7 @@ def _judge(kernel, case, device, target, caps, layers):
             _prepoison(case, device)
         g, result, lse, before = call_kernel(kernel, case, caps, qkv, device)
         if "guards" in layers or "poison" in layers:
-            _check_memory(g, result, before, caps, use_out=True)
+            _check_memory(g, result, before, caps)
         got = _to_numpy(_select(result, heads))
         del g, before
         if "reference" in layers:
