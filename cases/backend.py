@@ -31,11 +31,11 @@ def select_backend():
     if chosen == "cpu" and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
         # a kernel module imported under the other backend keeps it; say so instead of mixing the two
         print("flashcheck: triton was imported before the backend was chosen", file=sys.stderr)
-    if chosen == "cpu" or (not chosen and not _visible_gpu_ids()):
+    ids = [] if chosen == "cpu" else _visible_gpu_ids()
+    if chosen == "cpu" or (not chosen and not ids):
         os.environ["TRITON_INTERPRET"] = "1"
         os.environ["FLASHCHECK_BACKEND"] = "cpu"
         return "cpu"
-    ids = _visible_gpu_ids()
     if not ids:
         raise SystemExit("FLASHCHECK_BACKEND=gpu but no CUDA device is visible")
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")

@@ -16,6 +16,7 @@ def guard_size(shape):
     out-of-bounds reads to land in NaN rather than in memory we do not own."""
     return 256 + 128 * (shape[-1] + 3)
 
+
 # quiet NaNs with a payload no arithmetic produces: "unwritten", told apart from a computed NaN
 POISON_BITS = {torch.float32: 0x7FC5A5A5, torch.float16: 0x7E5A, torch.bfloat16: 0x7FDA}
 SENTINEL = 1234.0
@@ -69,10 +70,13 @@ class Guarded:
         marks.as_strided(self.t.shape, self.t.stride(), self.t.storage_offset() - self.flat.storage_offset()).fill_(1)
         return marks.bool()
 
+    def changed(self, before):
+        """Bool over flat: the elements whose bits differ from `before` (a clone of flat)."""
+        return int_view(self.flat) != int_view(before)
+
     def outside_changed(self, before):
-        """Flat indices outside the view whose bits differ from `before` (a clone of flat)."""
-        diff = int_view(self.flat) != int_view(before)
-        return torch.nonzero(diff & ~self.inside).flatten()
+        """Flat indices outside the view whose bits differ from `before`."""
+        return torch.nonzero(self.changed(before) & ~self.inside).flatten()
 
 
 def guarded(shape, dtype, device, layout, fill):

@@ -184,7 +184,7 @@ def _check_memory(g, result, before, caps):
     """Guards and poison: inputs untouched, nothing written outside the output, every output written."""
     for name in ("q", "k", "v"):
         gt = getattr(g, name)
-        changed = torch.nonzero(inp.int_view(gt.flat) != inp.int_view(before[name])).flatten()
+        changed = torch.nonzero(gt.changed(before[name])).flatten()
         if len(changed):
             inside = bool(gt.inside[changed[0]])
             raise RunFailed(Failure("input written" if inside else "out-of-bounds write",
