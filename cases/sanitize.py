@@ -21,8 +21,6 @@ import subprocess
 import sys
 import time
 
-ENV_INNER = "FLASHCHECK_SANITIZE_INNER"
-
 
 def add_arguments(parser):
     parser.add_argument("--target", action="append", default=[],
@@ -51,7 +49,7 @@ def _inner(spec, max_elements):
         from cases import mutants
 
         name = spec.split(":", 1)[1]
-        attention = mutants.load(next(m for m in mutants.MUTANTS if m.name == name)).attention
+        attention = mutants.load(mutants.get(name)).attention
     else:
         from cases.isolate import load_target
 
@@ -87,7 +85,7 @@ def run(args):
     if not os.path.exists(tool):
         print(f"flashcheck sanitize: {args.sanitizer} not found (it ships with the CUDA toolkit)", file=sys.stderr)
         return 2
-    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", **{ENV_INNER: "1"})
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     specs = [(t, False) for t in (args.target or ["kernel.fused:attention"])]
     specs += [(f"mutant:{m}", True) for m in args.mutant]
     ok = True

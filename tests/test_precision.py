@@ -24,7 +24,7 @@ def test_ieee_passes_and_tf32_fails_the_fp32_tolerance(record_property):
     from kernel import fused
 
     case = catalogue.get("fp32_precision")
-    tf32 = mutants.load(next(m for m in mutants.MUTANTS if m.name == "fp32_tf32_dot"))
+    tf32 = mutants.load(mutants.get("fp32_tf32_dot"))
     ieee_err, rel_tol = _relative_error(fused.attention, case)
     tf32_err, _ = _relative_error(tf32.attention, case)
     print(f"\nfp32 relative error on {torch.cuda.get_device_name()}: ieee {ieee_err:.3g}, tf32 {tf32_err:.3g}, "
