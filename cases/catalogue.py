@@ -80,6 +80,14 @@ CATALOGUE = [
          scale=0.3, seed=18),
     Case("negative_scale", why="a negative scale flips the softmax; nothing may assume scale > 0",
          Nq=24, Nk=30, D=32, scale=-0.7, seed=19),
+    Case("large_scores_whole_blocks",
+         why="raw scores of about +-1e4 over whole key blocks: the unmasked fast path's running max must be "
+             "the true row max, or exp2 overflows",
+         Nq=20, Nk=130, D=32, data="large", block_m=32, block_n=32, seed=45),
+    Case("negative_scale_large_scores",
+         why="a negative scale with raw scores of about +-1e4, over whole key blocks (the unmasked fast path): "
+             "the row max of the scaled scores is the scaled MIN of the raw ones",
+         Nq=20, Nk=130, D=32, data="large", scale=-0.25, block_m=32, block_n=32, seed=44),
     Case("causal_square", why="causal, Nq == Nk: the usual lower triangle (block diagonal masking)",
          Nq=45, Nk=45, D=16, causal=True, block_m=16, block_n=16, seed=20),
     Case("causal_nq_lt_nk",

@@ -38,6 +38,11 @@ _K_FILL = ("K's masked lanes are padded head-dim columns, which meet Q's zero pa
            "past Nk, whose scores the -inf score mask replaces: any finite fill gives the same scores")
 _V_FILL = ("V's masked lanes are key rows past Nk, multiplied by p = exp2(-inf) = 0 exactly, or head-dim "
            "columns past D, which the store never writes: any finite fill gives the same output")
+# The unmasked fast path masks only padded head-dim columns (when BLOCK_D > D).
+_K_PAD = ("K's masked lanes on the fast path are padded head-dim columns, which meet Q's zero padding in the "
+          "dot: any finite fill gives the same scores")
+_V_PAD = ("V's masked lanes on the fast path are padded head-dim columns: they only reach output columns past "
+          "D, which the store never writes (p is finite, so even -inf stays in those columns)")
 _Q_FILL = ("Q's masked lanes are rows past Nq, whose output the store masks off, or padded head-dim "
            "columns, which meet K's zero fill in the dot: any finite fill gives the same output")
 _NO_KEY_SHIFT = ("the shift only applies to rows that have seen no key yet (m_new = -inf, every score -inf): "
@@ -63,6 +68,16 @@ EQUIVALENT = {
         "not visible in any result: Q's row Nq is read (one row past Q) but only feeds output row Nq, which "
         "the store masks off. It is still a stray read that can fault at the end of an allocation: only a "
         "memory checker sees it (flashcheck sanitize, compute-sanitizer on the GPU)",
+    "other=0.0 -> other=1.0 | k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0) | #1": _K_PAD,
+    "const 0.0 -> -1.0 | k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0) | #1": _K_PAD,
+    "other=0.0 -> other=1.0 | v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0) | #1": _V_PAD,
+    'other=0.0 -> other=float("-inf") | v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0) | #1':
+        _V_PAD,
+    "const 0.0 -> -1.0 | v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0) | #1": _V_PAD,
+    "'<' -> '<=' | v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0) | #1":
+        "not visible in any result: column D of V (one past the row) only feeds output column D, which the "
+        "store masks off. It is still a stray read, past the allocation for the last row: only a memory "
+        "checker sees it (flashcheck sanitize, compute-sanitizer on the GPU)",
     "minimum -> maximum | hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_shift, 0), Nk) | #1":
         "hi only bounds the causal key loop: past Nk every block is fully masked (K/V load 0, scores -inf, "
         "p = 0) and adds nothing (wasted work only)",

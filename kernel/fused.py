@@ -30,7 +30,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
                     qk_scale, start_m, lo, hi, Nk, causal_shift,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                    INPUT_PRECISION: tl.constexpr):
+                    NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Fold key blocks [lo, hi) into the running state (m_i, l_i, acc).
 
     MASKED=False is the fast path for blocks every row of this program fully sees: no key mask, no causal
@@ -48,15 +48,20 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         # guards: mutants kv_other_neg_inf, kv_mask_plus; cases partial_last_key_block, head_dim_17
         if MASKED:
             kv_mask = ((start_n + offs_n)[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM)
+            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        elif BLOCK_D == HEAD_DIM:
+            k = tl.load(k_ptrs)  # a whole block of keys, no padded columns: nothing to mask
+            v = tl.load(v_ptrs)
         else:
-            kv_mask = offs_d[None, :] < HEAD_DIM
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-        # S = Q K^T, accumulated in fp32, then scaled in fp32 (scale * log2(e): the loop works in base 2).
-        # fp32 operands need input_precision="ieee": the default tf32 keeps 10 mantissa bits (~1e-3 relative
-        # error). guards: mutants fp32_tf32_dot, scale_twice, scale_never
-        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+            k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        # S = Q K^T, accumulated in fp32 and scaled in fp32 (qk_scale = scale * log2(e): the loop works in
+        # base 2). fp32 operands need input_precision="ieee": the default tf32 keeps 10 mantissa bits (~1e-3
+        # relative error). guards: mutants fp32_tf32_dot, scale_twice, scale_never
+        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         if MASKED:
+            qk = qk * qk_scale
             # The score mask varies along the KEY axis ([None, :] on S); the K/V load mask has the wrong
             # axes (key rows x head-dim columns). guards: mutant score_mask_wrong_axis, case block_m_gt_block_n
             valid = (start_n + offs_n)[None, :] < Nk
@@ -66,21 +71,29 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
                 valid = valid & ((start_n + offs_n)[None, :] <= offs_m[:, None] + causal_shift)
             # -inf on invalid scores: they lose the max and exp to exactly 0. guards: mutant no_score_mask
             qk = tl.where(valid, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        if MASKED:
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
             # A row that has seen no valid key yet has m_new = -inf, and -inf - (-inf) is NaN.
             # Shift such rows by 0 instead: their p and c are then exactly 0.
             # guards: mutant causal_no_masked_row_guard, case causal_nq_gt_nk
             m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            qk = qk - m_shift[:, None]
         else:
+            # Fast path: the row max of the raw scores, scaled once per row (scale < 0 turns the min into
+            # the max), then one fused multiply-add per score. H200, bf16, D = 64: 443 TFLOP/s against 383
+            # for the scale-then-subtract form. guards: case negative_scale, mutant fast_path_max_ignores_sign
+            if NEGATIVE_SCALE:
+                m_new = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
+            else:
+                m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_shift = m_new
+            qk = qk * qk_scale - m_shift[:, None]
         # c = exp(m_old - m_new) <= 1 rescales BOTH l and acc (the FA2 paper's printed 1/c for acc is wrong).
         # guards: mutants rescale_paper_inverse, l_not_rescaled, acc_not_rescaled
         c = tl.math.exp2(m_i - m_shift)
-        p = tl.math.exp2(qk - m_shift[:, None])
+        p = tl.math.exp2(qk)
         l_i = l_i * c + tl.sum(p, 1)
         acc = acc * c[:, None]
-        acc += tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
         m_i = m_new  # guards: mutant m_never_updated
         k_ptrs += BLOCK_N * stride_kn
         v_ptrs += BLOCK_N * stride_vn
@@ -97,7 +110,7 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
               H, Nq, Nk,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
-              INPUT_PRECISION: tl.constexpr):
+              NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     off_bh = tl.program_id(1)
     off_b = off_bh // H
@@ -139,10 +152,12 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         full_hi = Nk // BLOCK_N * BLOCK_N
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
                                     qk_scale, start_m, 0, full_hi, Nk, causal_shift,
-                                    BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, False, IS_CAUSAL, INPUT_PRECISION)
+                                    BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, False, IS_CAUSAL, NEGATIVE_SCALE,
+                                    INPUT_PRECISION)
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
                                     qk_scale, start_m, full_hi, hi, Nk, causal_shift,
-                                    BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, True, IS_CAUSAL, INPUT_PRECISION)
+                                    BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, True, IS_CAUSAL, NEGATIVE_SCALE,
+                                    INPUT_PRECISION)
 
     # Normalise once. A row that sees no key (causal, Nq > Nk) has l = 0 and acc = 0: its output is 0
     # (divide by 1, not 0) and its log-sum-exp is -inf. guards: mutant causal_no_masked_row_guard
@@ -168,12 +183,12 @@ def default_blocks(Nq, Nk, D, dtype):
         # The interpreter runs one program at a time in NumPy: fewer, larger programs are faster.
         return 64, 64, 4, 1
     if dtype == torch.float32:
-        # ieee fp32 dots run on CUDA cores and hold 2x the registers of fp16 tiles.
-        return (32, 32, 4, 2) if block_d > 64 else (64, 32, 4, 2)
-    if block_d <= 64:
-        return 64, 64, 4, 3     # H200, bf16, N = 4k-16k: 379-393 TFLOP/s against 377-380 for 128 x 64
+        # ieee fp32 dots run on CUDA cores (FFMA) and hold 2x the registers of fp16 tiles. H200, D = 64:
+        # 64 x 64, 4 warps: 19.5 TFLOP/s; 64 x 32: 10.7; 32 x 32: 11.2. D = 256 keeps the small tile.
+        return (64, 64, 4, 1) if block_d <= 128 else (32, 32, 4, 2)
     if block_d <= 128:
-        return 128, 64, 8, 3    # H200, bf16: 435-454 TFLOP/s; 64-row tiles reach only 157-267
+        # H200, bf16, N = 4k: D = 64 443 TFLOP/s (64 x 64, 4 warps: 407); D = 128 489 (64 x 64: 483).
+        return 128, 64, 8, 3
     return 64, 32, 4, 2
 
 
@@ -212,6 +227,6 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
             *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
             H, Nq, Nk,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=head_dim_block(D), HEAD_DIM=D,
-            IS_CAUSAL=causal, STORE_LSE=return_lse, INPUT_PRECISION="ieee",
+            IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0, INPUT_PRECISION="ieee",
             num_warps=num_warps, num_stages=num_stages)
     return (out, lse) if return_lse else out
