@@ -74,6 +74,9 @@ SUMMARY_MIN_NK = 4096
 
 # The sweep's candidates: the tiles and pipelining depths worth trying on a Hopper-class GPU.
 SWEEP_GRID = {"block_m": (64, 128), "block_n": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3, 4)}
+# ieee fp32 dots run on CUDA cores with twice the registers per element: smaller tiles, fewer warps (H200: 64 x 64
+# with 4 warps ran D = 64 at 19.5 TFLOP/s but spilled at D = 128, 1.0 TFLOP/s).
+FP32_SWEEP_GRID = {"block_m": (32, 64), "block_n": (16, 32, 64), "num_warps": (2, 4), "num_stages": (1, 2)}
 SMOKE_SWEEP_GRID = {"block_m": (32,), "block_n": (16, 32), "num_warps": (4,), "num_stages": (1,)}
 
 DEFAULT_OUT_DIR = Path(__file__).resolve().parent.parent / "docs" / "bench"
@@ -438,9 +441,10 @@ def config_text(config):
     return f"{bm}x{bn} w{warps} s{stages}"
 
 
-def sweep_candidates(smoke=False, blocks=None):
-    """Every (block_m, block_n, num_warps, num_stages) of the grid; --blocks pins the tile and sweeps the rest."""
-    grid = SMOKE_SWEEP_GRID if smoke else SWEEP_GRID
+def sweep_candidates(smoke=False, blocks=None, dtype="bf16"):
+    """Every (block_m, block_n, num_warps, num_stages) of the dtype's grid; --blocks pins the tile and sweeps
+    the rest."""
+    grid = SMOKE_SWEEP_GRID if smoke else FP32_SWEEP_GRID if dtype == "fp32" else SWEEP_GRID
     bms, bns = ((blocks[0],), (blocks[1],)) if blocks else (grid["block_m"], grid["block_n"])
     return [(bm, bn, w, s) for bm in bms for bn in bns for w in grid["num_warps"] for s in grid["num_stages"]]
 
@@ -624,6 +628,29 @@ def row_record(r):
     return rec
 
 
+def row_from_record(rec):
+    """The Row a row_record came from (times, not derived figures, are what it keeps): for --show."""
+    shape = Shape(rec["suite"], rec["dtype"], int(rec["B"]), int(rec["H"]), int(rec["Nq"]), int(rec["Nk"]),
+                  int(rec["D"]), bool(rec["causal"]))
+    cells = {c: Cell(rec[f"{c}_status"], rec[f"{c}_ms"] if isinstance(rec[f"{c}_ms"], (int, float)) else None,
+                     rec[f"{c}_note"]) for c in CONTENDERS}
+    return Row(shape, cells, rec["kernel_cfg"], rec["ref_backend"], rec["max_abs_diff"], rec["ref_max_abs"],
+               rec["check"], rec["check_note"])
+
+
+def show(path):
+    """Print the table and summary of a run saved by flashcheck bench (its JSON sidecar)."""
+    document = json.loads(Path(path).read_text())
+    meta = document["meta"]
+    rows = [row_from_record(r) for r in document["results"]]
+    print(f"{meta['tool']} {meta['options']} on {meta.get('gpu') or meta.get('device')}, torch {meta['torch']}, "
+          f"triton {meta['triton']}, {meta['date']}")
+    print(format_table(rows))
+    print()
+    print(format_summary(summarize(rows)))
+    return 0
+
+
 def sweep_record(r):
     rec = _shape_record(r.shape)
     bm, bn, warps, stages = r.config
@@ -790,6 +817,8 @@ def add_arguments(parser):
     parser.add_argument("--sweep-blocks", action="store_true",
                         help="time the kernel with every (BLOCK_M, BLOCK_N, num_warps, num_stages) candidate "
                              "and print the best (with --blocks: sweep warps and stages only)")
+    parser.add_argument("--show", type=Path, metavar="JSON",
+                        help="print the table of a saved run (its bench.json) and exit; needs no GPU")
     parser.add_argument("--smoke", action="store_true",
                         help="one tiny shape (on the CPU through Triton's interpreter): exercises the code path")
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
@@ -813,6 +842,8 @@ def _row_progress(row):
 def run(args):
     from cases.backend import backend
 
+    if args.show:
+        return show(args.show)
     on_gpu = backend() == "gpu"
     if not on_gpu and not args.smoke:
         print(CPU_REFUSAL, file=sys.stderr)
@@ -875,14 +906,15 @@ def estimate_seconds(timings, warmup, rep):
 
 
 def _run_sweep(rt, args, shapes, paths, meta, started):
-    candidates = sweep_candidates(args.smoke, args.blocks)
-    _progress(f"flashcheck bench --sweep-blocks: {len(shapes)} shapes x {len(candidates)} candidates "
-              f"(+ the default where it is not one) on {rt.device}, {rt.timer}; about "
-              f"{estimate_seconds(len(shapes) * (len(candidates) + 1), args.warmup, args.rep):.0f} s plus compilation")
+    candidates = {s: sweep_candidates(args.smoke, args.blocks, s.dtype) for s in shapes}
+    timings = sum(len(c) + 1 for c in candidates.values())
+    _progress(f"flashcheck bench --sweep-blocks: {len(shapes)} shapes, {timings} configurations (the default "
+              f"included) on {rt.device}, {rt.timer}; about "
+              f"{estimate_seconds(timings, args.warmup, args.rep):.0f} s plus compilation")
     records = []
     for i, shape in enumerate(shapes, 1):
         _progress(f"[{i}/{len(shapes)}] {shape.label()}")
-        records += rt.sweep_shape(shape, candidates)
+        records += rt.sweep_shape(shape, candidates[shape])
         good = [r for r in records if r.shape == shape and r.good()]
         if good:
             best = max(good, key=lambda r: r.tflops())

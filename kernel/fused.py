@@ -79,8 +79,9 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
             qk = qk - m_shift[:, None]
         else:
             # Fast path: the row max of the raw scores, scaled once per row (scale < 0 turns the min into
-            # the max), then one fused multiply-add per score. H200, bf16, D = 64: 443 TFLOP/s against 383
-            # for the scale-then-subtract form. guards: case negative_scale, mutant fast_path_max_ignores_sign
+            # the max), then one fused multiply-add per score. H200, bf16, D = 64, N = 4k: 443 TFLOP/s; the
+            # scale-then-subtract form peaked at 403. guards: cases negative_scale_large_scores,
+            # large_scores_whole_blocks; mutant fast_path_max_ignores_sign
             if NEGATIVE_SCALE:
                 m_new = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
             else:
@@ -183,9 +184,10 @@ def default_blocks(Nq, Nk, D, dtype):
         # The interpreter runs one program at a time in NumPy: fewer, larger programs are faster.
         return 64, 64, 4, 1
     if dtype == torch.float32:
-        # ieee fp32 dots run on CUDA cores (FFMA) and hold 2x the registers of fp16 tiles. H200, D = 64:
-        # 64 x 64, 4 warps: 19.5 TFLOP/s; 64 x 32: 10.7; 32 x 32: 11.2. D = 256 keeps the small tile.
-        return (64, 64, 4, 1) if block_d <= 128 else (32, 32, 4, 2)
+        # ieee fp32 dots run on CUDA cores (FFMA) and hold 2x the registers of fp16 tiles. H200, N = 4k:
+        # D = 64: 64 x 64, 4 warps 19.6 TFLOP/s (64 x 32: 10.7). D = 128: 64 x 64 spills (1.0 TFLOP/s);
+        # 32 x 32 ran 9.1.
+        return (64, 64, 4, 1) if block_d <= 64 else (32, 32, 4, 2)
     if block_d <= 128:
         # H200, bf16, N = 4k: D = 64 443 TFLOP/s (64 x 64, 4 warps: 407); D = 128 489 (64 x 64: 483).
         return 128, 64, 8, 3

@@ -227,6 +227,8 @@ def test_best_configs_skip_wrong_candidates():
     assert (group["best"], group["default"]) == ("128x64 w4 s3", "64x64 w4 s2")
     assert group["speedup"] == pytest.approx(2.0)
     assert len(bench.sweep_candidates()) == 2 * 3 * 2 * 3
+    fp32 = bench.sweep_candidates(dtype="fp32")
+    assert len(fp32) == 2 * 3 * 2 * 2 and max(bm * bn for bm, bn, _, _ in fp32) <= 64 * 64
     assert {c[:2] for c in bench.sweep_candidates(blocks=(64, 32))} == {(64, 32)}
 
 
@@ -262,6 +264,10 @@ def test_smoke_end_to_end(tmp_path, capsys):
     assert doc["meta"]["torch"] == torch.__version__ and len(doc["results"]) == 1
     has_png = (tmp_path / "smoke.png").exists()
     assert has_png == (importlib.util.find_spec("matplotlib") is not None), doc["meta"]["plot"]
+    # --show re-prints a saved run's table and summary from its JSON, without measuring anything
+    assert bench.run(_args("--show", str(tmp_path / "smoke.json"))) == 0
+    shown = capsys.readouterr().out
+    assert shown.splitlines()[1:] == out.out.splitlines()
 
 
 def test_smoke_sweep(tmp_path, capsys):
