@@ -19,6 +19,7 @@ import time
 
 DEFAULT_TARGET = "kernel.fused:attention"
 DEFAULT_TIMEOUT = {"cpu": 120.0, "gpu": 60.0}   # seconds per case; the interpreter is much slower
+DEFAULT_EXAMPLES = 25   # hypothesis cases judged after the whole catalogue (derandomized: the same every run)
 _DTYPE_NAMES = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16", "half": "fp16",
                 "bf16": "bf16", "bfloat16": "bf16"}
 
@@ -46,9 +47,10 @@ def add_arguments(parser):
     sel.add_argument("--case", dest="cases", action="append", default=[], metavar="\"Case(...)\"",
                      help="run this case, in the catalogue's syntax (as a failure's repro line prints it); "
                           "repeatable; without --only/-k the catalogue is not run")
-    sel.add_argument("--examples", type=int, default=0, metavar="N",
+    sel.add_argument("--examples", type=int, metavar="N",
                      help="also judge N hypothesis-generated cases within the declared support (the first "
-                          "failure is shrunk to a minimal case)")
+                          f"failure is shrunk to a minimal case); default {DEFAULT_EXAMPLES} with the whole "
+                          "catalogue, 0 with --only/-k/--case, 0 to judge the catalogue alone")
     sel.add_argument("--seed", type=int, metavar="S",
                      help="draw the hypothesis examples from this seed (default: the same examples every run)")
     dec = parser.add_argument_group("what the kernel supports (cases outside it are skipped, never passed)")
@@ -167,6 +169,20 @@ def select_cases(args):
     return picked
 
 
+def _resolve_examples(args):
+    """--examples as given; by default DEFAULT_EXAMPLES after the whole catalogue (cases no one wrote down
+    catch the bugs no one thought of), none after a selection of cases or without hypothesis."""
+    if args.examples is not None:
+        return args.examples
+    if args.only or args.keyword or args.cases:
+        return 0
+    if importlib.util.find_spec("hypothesis") is None:
+        print(f"flashcheck verify: hypothesis is not installed: the {DEFAULT_EXAMPLES} generated cases are "
+              "skipped, the catalogue alone is judged (pip install hypothesis)", file=sys.stderr)
+        return 0
+    return DEFAULT_EXAMPLES
+
+
 def _check_examples(n):
     if n < 0:
         raise UsageError(f"--examples must be >= 0, got {n}")
@@ -186,6 +202,7 @@ def run(args):
         split_target(args.target)
         support = Support(args)
         selected = select_cases(args)
+        args.examples = _resolve_examples(args)
         _check_examples(args.examples)
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError(f"--timeout must be > 0, got {args.timeout}")
