@@ -88,6 +88,10 @@ CATALOGUE = [
          why="a negative scale with raw scores of about +-1e4, over whole key blocks (the unmasked fast path): "
              "the row max of the scaled scores is the scaled MIN of the raw ones",
          Nq=20, Nk=130, D=32, data="large", scale=-0.25, block_m=32, block_n=32, seed=44),
+    Case("fp16_many_key_blocks",
+         why="fp16 over 512 key blocks: the running state (l, acc) must stay fp32 between blocks; rounded to "
+             "fp16 at each block, V = 1 drifts from 1 by 2^-8",
+         Nq=32, Nk=8192, D=16, dtype="fp16", block_m=16, block_n=16, seed=55),
     Case("causal_square", why="causal, Nq == Nk: the usual lower triangle (block diagonal masking)",
          Nq=45, Nk=45, D=16, causal=True, block_m=16, block_n=16, seed=20),
     Case("causal_nq_lt_nk",

@@ -557,6 +557,17 @@ MUTANTS = [
            "        acc = acc * c[:, None]\n", "",
            "the accumulator is not rescaled when the running max grows: old blocks are over-weighted",
            _SEED_RESCALE, ("many_key_chunks", "many_key_chunks_growing_max")),
+    Mutant("acc_in_input_dtype", "fused",
+           "acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)",
+           "acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION).to(v.dtype).to(tl.float32)",
+           "the accumulator kept in the input dtype between key blocks (fp16/bf16): each block's rounding "
+           "adds up, and over hundreds of blocks the output drifts past the tolerance",
+           _SEED_STATE + " (acc is fp32)", ("fp16_many_key_blocks",)),
+    Mutant("l_in_input_dtype", "fused",
+           "l_i = l_i * c + tl.sum(p, 1)", "l_i = (l_i * c + tl.sum(p, 1)).to(v.dtype).to(tl.float32)",
+           "the running denominator kept in the input dtype between key blocks (fp16/bf16): the normaliser "
+           "drifts, so rows no longer sum to 1",
+           _SEED_STATE + " (l is accumulated in fp32 like acc)", ("fp16_many_key_blocks",)),
     Mutant("m_never_updated", "fused",
            "        m_i = m_new  # guards: mutant m_never_updated\n", "",
            "the running max is never updated: c = 0 at every block, so only the last key block counts and "
