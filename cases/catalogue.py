@@ -92,6 +92,10 @@ CATALOGUE = [
          why="fp16 over 512 key blocks: the running state (l, acc) must stay fp32 between blocks; rounded to "
              "fp16 at each block, V = 1 drifts from 1 by 2^-8",
          Nq=32, Nk=8192, D=16, dtype="fp16", block_m=16, block_n=16, seed=55),
+    Case("causal_block_m_gt_block_n",
+         why="causal with BLOCK_M > BLOCK_N (the GPU's default tiles are 128 x 64): the last key a query block "
+             "sees is bounded by its BLOCK_M rows, not by BLOCK_N (200 rows: past one 128-row block)",
+         Nq=200, Nk=200, D=16, causal=True, block_m=32, block_n=16, seed=56),
     Case("causal_square", why="causal, Nq == Nk: the usual lower triangle (block diagonal masking)",
          Nq=45, Nk=45, D=16, causal=True, block_m=16, block_n=16, seed=20),
     Case("causal_nq_lt_nk",

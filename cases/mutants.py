@@ -623,6 +623,13 @@ MUTANTS = [
            "<= offs_m[:, None] + causal_shift)", "<= offs_m[:, None])",
            "causal mask aligned top-left (j <= i) instead of bottom-right (j <= i + Nk - Nq)",
            _CAUSAL_ALIGN, ("causal_nq_lt_nk", "causal_nq_gt_nk")),
+    Mutant("causal_hi_block_n", "fused",
+           "hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_shift, 0), Nk)",
+           "hi = tl.minimum(tl.maximum(start_m + BLOCK_N + causal_shift, 0), Nk)",
+           "the causal loop bound counts BLOCK_N rows instead of BLOCK_M: with BLOCK_M > BLOCK_N the last rows "
+           "of a query block never see their last keys",
+           _OTHER + " (BLOCK_M and BLOCK_N confused in causal block skipping)",
+           ("causal_block_m_gt_block_n",)),
     Mutant("causal_shift_sign", "fused",
            "causal_shift = Nk - Nq", "causal_shift = Nq - Nk",
            "causal diagonal shifted by Nq - Nk instead of Nk - Nq: wrong keys visible whenever Nq != Nk",
