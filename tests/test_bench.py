@@ -281,3 +281,18 @@ def test_smoke_sweep(tmp_path, capsys):
     bad = [r for r in records if (r["status"], r["check"]) != ("ok", "ok")]
     assert not bad, bad
     assert not math.isnan(float(records[0]["tflops"]))
+
+
+def test_offline_resource_report():
+    """scripts/resources.py compiles the kernel for sm_90 without a GPU and reads registers and spills."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve().parent.parent / "scripts" / "resources.py"),
+                           "--dtype", "fp16", "--head-dims", "16", "--config", "64x32w4s2"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    row = done.stdout.splitlines()[-1].split()
+    assert row[:4] == ["16", "64x32", "w4", "s2"], done.stdout
+    reg, stack, shared = (int(x) for x in row[4:7])
+    assert 0 < reg <= 255 and stack >= 0 and shared > 0, done.stdout
