@@ -1,5 +1,5 @@
 """Compile the fused kernel for a GPU target without a GPU, and print each configuration's registers, stack
-(spilled registers: local memory, slow) and shared memory, as ptxas and cuobjdump report them.
+(spilled registers: local memory, slow) and shared memory, as cuobjdump reports them for the cubin.
 
 Usage: python scripts/resources.py [--dtype fp32] [--head-dims 64,128] [--arch 90] [--config BMxBNwWsS ...]
 Example: the fp32 tile of 64 x 64 with 4 warps that ran 1.0 TFLOP/s at D = 128 on an H200 shows
@@ -21,6 +21,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from cases.bench import config_text  # noqa: E402
 from kernel.fused import _attn_fwd, head_dim_block  # noqa: E402
 
 POINTER = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16"}
@@ -91,7 +92,7 @@ def main(argv=None):
                 line = f"{u.get('REG', '?'):>4}  {u.get('STACK', '?'):>6}  {u['SHARED']:>7}"
             except Exception as exc:   # out of shared memory, a compile error: say so and go on
                 line = f"error: {str(exc).splitlines()[0][:100]}"
-            print(f"{D:>4}  {'%dx%d w%d s%d' % config:12}  {line}", flush=True)
+            print(f"{D:>4}  {config_text(config):12}  {line}", flush=True)
     return 0
 
 
