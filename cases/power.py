@@ -2,7 +2,7 @@
 mutant of the bug corpus (cases/mutants.py) and report which mutants they kill, the fraction, and the time.
 
     python -m cases.power [--examples N] [--mutant NAME ...] [--property NAME ...] [--shrink] [--seed S]
-                          [--json PATH]
+                          [--jobs N] [--json PATH]
 
 For each mutant: hypothesis generates up to N cases (derandomized: a run repeats exactly, and every mutant
 starts from the same cases; hypothesis steers later ones by what earlier ones did), checks every applicable property on each (the mutant as the kernel; the other project kernel for the
@@ -59,8 +59,9 @@ def _hunt(mutant, examples, shrink, seed, props):
                    f.entry().source(), result.examples, result.seconds)
 
 
-def _hunt_forked(mutant, examples, shrink, seed, props, timeout):
-    """_hunt in a forked child; a child that dies or hangs kills the mutant (crash / timeout)."""
+def _start_hunt(mutant, examples, shrink, seed, props):
+    """Fork a child that runs _hunt and writes its Outcome (JSON, a few hundred bytes) to a pipe.
+    Returns (pid, read end of the pipe, start time)."""
     read_fd, write_fd = os.pipe()
     t0 = time.perf_counter()
     pid = os.fork()
@@ -79,18 +80,11 @@ def _hunt_forked(mutant, examples, shrink, seed, props, timeout):
         finally:
             os._exit(code)
     os.close(write_fd)
-    deadline = time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            os.close(read_fd)
-            return Outcome(mutant.name, mutant.module, "killed", kind="timeout",
-                           detail=f"no verdict within {timeout:.0f} s", seconds=time.perf_counter() - t0)
-        time.sleep(0.05)
+    return pid, read_fd, t0
+
+
+def _finish_hunt(mutant, read_fd, status, t0):
+    """The Outcome of a child that has exited with this wait status; a child that died kills the mutant."""
     with os.fdopen(read_fd) as pipe:
         text = pipe.read()
     rc = os.waitstatus_to_exitcode(status)
@@ -104,30 +98,63 @@ def _hunt_forked(mutant, examples, shrink, seed, props, timeout):
                                                                "see the traceback above")
 
 
+def _hunt_forked(tasks, examples, shrink, seed, props, timeout, jobs, done):
+    """_hunt for each mutant of tasks in forked children, at most jobs at a time; a child that dies or hangs
+    past timeout kills its mutant (crash / timeout). done(index, outcome) is called as each one ends."""
+    pending = list(enumerate(tasks))
+    running = {}   # pid -> (index, mutant, read_fd, t0)
+    while pending or running:
+        while pending and len(running) < jobs:
+            i, m = pending.pop(0)
+            pid, fd, t0 = _start_hunt(m, examples, shrink, seed, props)
+            running[pid] = (i, m, fd, t0)
+        for pid, (i, m, fd, t0) in list(running.items()):
+            finished, status = os.waitpid(pid, os.WNOHANG)
+            if finished:
+                del running[pid]
+                done(i, _finish_hunt(m, fd, status, t0))
+            elif time.perf_counter() - t0 > timeout:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                os.close(fd)
+                del running[pid]
+                done(i, Outcome(m.name, m.module, "killed", kind="timeout",
+                                detail=f"no verdict within {timeout:.0f} s", seconds=time.perf_counter() - t0))
+        time.sleep(0.05)
+
+
 def measure(names=None, *, examples=DEFAULT_EXAMPLES, props=None, shrink=False, seed=None, isolate=True,
-            timeout=DEFAULT_TIMEOUT, progress=None):
+            timeout=DEFAULT_TIMEOUT, jobs=1, progress=None):
     """Outcomes of the properties (all, or those named in props) against the corpus (or the named
-    mutants), in corpus order."""
+    mutants), in corpus order. jobs > 1 hunts that many mutants at once (isolated only); progress(outcome)
+    is called as each one ends, in the order they end."""
     from cases import mutants
     from cases.backend import backend
 
     chosen = [mutants.get(n) for n in names] if names else list(mutants.MUTANTS)
-    if isolate:
+    outcomes = [None] * len(chosen)
+
+    def done(i, outcome):
+        outcomes[i] = outcome
+        if progress:
+            progress(outcome)
+
+    tasks = []
+    for i, m in enumerate(chosen):
+        if m.gpu_only and backend() != "gpu":
+            done(i, Outcome(m.name, m.module, "skipped", detail=f"GPU only: {m.gpu_only}"))
+        elif not isolate:
+            done(i, _hunt(m, examples, shrink, seed, props))
+        else:
+            tasks.append((i, m))
+    if tasks:
         # imported once here so that every forked child starts warm (this initialises no CUDA context)
         import cases.properties  # noqa: F401
         import kernel.fused  # noqa: F401
         import kernel.unfused  # noqa: F401
-    outcomes = []
-    for m in chosen:
-        if m.gpu_only and backend() != "gpu":
-            outcome = Outcome(m.name, m.module, "skipped", detail=f"GPU only: {m.gpu_only}")
-        elif isolate:
-            outcome = _hunt_forked(m, examples, shrink, seed, props, timeout)
-        else:
-            outcome = _hunt(m, examples, shrink, seed, props)
-        outcomes.append(outcome)
-        if progress:
-            progress(outcome)
+
+        _hunt_forked([m for _, m in tasks], examples, shrink, seed, props, timeout, jobs,
+                     lambda k, outcome: done(tasks[k][0], outcome))
     return outcomes
 
 
@@ -168,6 +195,8 @@ def main(argv=None):
     parser.add_argument("--shrink", action="store_true", help="shrink each killing case to a minimal one")
     parser.add_argument("--seed", type=int, help="a random seed instead of the derandomized sequence")
     parser.add_argument("--no-isolate", action="store_true", help="run every mutant in this process")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="hunt N mutants at once, each in its own forked child (default 1)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                         help=f"seconds per mutant before it counts as a hang (default {DEFAULT_TIMEOUT:.0f})")
     parser.add_argument("--backend", choices=["cpu", "gpu"], help="force a backend")
@@ -175,6 +204,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.examples < 1:
         parser.error("--examples must be >= 1")
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1")
+    if args.jobs > 1 and args.no_isolate:
+        parser.error("--jobs needs the forked children; drop --no-isolate")
     if args.backend:
         os.environ["FLASHCHECK_BACKEND"] = args.backend
     from cases.backend import describe, select_backend
@@ -196,10 +229,10 @@ def main(argv=None):
         parser.error(f"no property named {', '.join(unknown)}; properties: {', '.join(NAMES)}")
     which = ", ".join(args.property) if args.property else "all properties"
     print(f"flashcheck properties vs the bug corpus: {describe()}; {which}; up to {args.examples} cases per "
-          f"mutant", flush=True)
+          f"mutant" + (f", {args.jobs} at a time" if args.jobs > 1 else ""), flush=True)
     t0 = time.perf_counter()
     outcomes = measure(args.mutant, examples=args.examples, props=args.property, shrink=args.shrink,
-                       seed=args.seed, isolate=not args.no_isolate, timeout=args.timeout,
+                       seed=args.seed, isolate=not args.no_isolate, timeout=args.timeout, jobs=args.jobs,
                        progress=lambda o: print(line(o), flush=True))
     seconds = time.perf_counter() - t0
     print()

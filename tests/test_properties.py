@@ -158,13 +158,15 @@ def test_strategy_stays_in_the_legal_space(case):
 
 def test_power_names_the_killing_property():
     """cases/power.py on two mutants: one the reference-free relations cannot see (a softmax temperature
-    error: exp for exp2), one they can (the scale argument applied twice)."""
+    error: exp for exp2), one they can (the scale argument applied twice). The first search runs both
+    mutants at once in forked children (--jobs 2); the outcomes come back in corpus order."""
     from cases import power
 
     relations = ("permutation", "v_scaling", "v_shift", "scale_equivariance", "row_locality", "duplication",
                  "convex_hull", "causal_hidden_keys")
-    by_name = {o.mutant: o for o in power.measure(["scale_twice", "exp_instead_of_exp2"], examples=8,
-                                                  props=relations, isolate=False)}
+    outcomes = power.measure(["scale_twice", "exp_instead_of_exp2"], examples=8, props=relations, jobs=2)
+    assert [o.mutant for o in outcomes] == ["scale_twice", "exp_instead_of_exp2"]
+    by_name = {o.mutant: o for o in outcomes}
     twice, exp = by_name["scale_twice"], by_name["exp_instead_of_exp2"]
     assert twice.status == "killed" and twice.prop == "scale_equivariance", twice
     assert parse_case(twice.entry).name == "found_scale_equivariance"
