@@ -184,9 +184,11 @@ def default_blocks(Nq, Nk, D, dtype):
         # The interpreter runs one program at a time in NumPy: fewer, larger programs are faster.
         return 64, 64, 4, 1
     if dtype == torch.float32:
-        # ieee fp32 dots run on CUDA cores (FFMA) and hold 2x the registers of fp16 tiles. H200, N = 4k:
-        # D = 64: 64 x 64, 4 warps 19.6 TFLOP/s (64 x 32: 10.7). D = 128: 64 x 64 spills (1.0 TFLOP/s);
-        # 32 x 32 ran 9.1.
+        # ieee fp32 dots run on CUDA cores (FFMA) and hold 2x the registers of fp16 tiles. H200, N = 4k,
+        # triton 3.6 (scripts/resources.py gives the stack): D = 64: 64 x 64, 4 warps 19.6 TFLOP/s with 1 KB
+        # of spills; the spill-free 64 x 16 ran 10.8. D = 128: 32 x 32, 2 stages 9.0 (1 KB of spills); the
+        # spill-free tiles ran 6.0-8.7 (64 x 16, 4 warps: 8.7; 128 x 16, 8 warps: 8.1); 64 x 64 spills
+        # 16 KB a thread and ran 1.0.
         return (64, 64, 4, 1) if block_d <= 64 else (32, 32, 4, 2)
     if block_d <= 128:
         # H200, bf16, N = 4k: D = 64 443 TFLOP/s (64 x 64, 4 warps: 407); D = 128 489 (64 x 64: 483).
