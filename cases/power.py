@@ -98,6 +98,30 @@ def _finish_hunt(mutant, read_fd, status, t0):
                                                                "see the traceback above")
 
 
+def _describe_in_child():
+    """cases.backend.describe() computed in a forked child: on the GPU, naming the device initialises CUDA,
+    after which a forked child can no longer use it, so the parent must not do it itself."""
+    from cases.backend import describe
+
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        code = 0
+        try:
+            with os.fdopen(write_fd, "w") as pipe:
+                pipe.write(describe())
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as pipe:
+        text = pipe.read()
+    os.waitpid(pid, 0)
+    return text or "(the backend could not be described)"
+
+
 def _hunt_forked(tasks, examples, shrink, seed, props, timeout, jobs, done):
     """_hunt for each mutant of tasks in forked children, at most jobs at a time; a child that dies or hangs
     past timeout kills its mutant (crash / timeout). done(index, outcome) is called as each one ends."""
@@ -148,6 +172,11 @@ def measure(names=None, *, examples=DEFAULT_EXAMPLES, props=None, shrink=False, 
         else:
             tasks.append((i, m))
     if tasks:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            raise RuntimeError("CUDA is initialised in this process, so forked children cannot use the GPU: "
+                               "describe the device with _describe_in_child(), or pass isolate=False")
         # imported once here so that every forked child starts warm (this initialises no CUDA context)
         import cases.properties  # noqa: F401
         import kernel.fused  # noqa: F401
@@ -228,7 +257,8 @@ def main(argv=None):
     if unknown:
         parser.error(f"no property named {', '.join(unknown)}; properties: {', '.join(NAMES)}")
     which = ", ".join(args.property) if args.property else "all properties"
-    print(f"flashcheck properties vs the bug corpus: {describe()}; {which}; up to {args.examples} cases per "
+    where = describe() if args.no_isolate else _describe_in_child()
+    print(f"flashcheck properties vs the bug corpus: {where}; {which}; up to {args.examples} cases per "
           f"mutant" + (f", {args.jobs} at a time" if args.jobs > 1 else ""), flush=True)
     t0 = time.perf_counter()
     outcomes = measure(args.mutant, examples=args.examples, props=args.property, shrink=args.shrink,

@@ -156,16 +156,29 @@ def test_strategy_stays_in_the_legal_space(case):
         assert within or (case.B, case.H, case.block_m, case.block_n) == (1, 1, None, None)
 
 
-def test_power_names_the_killing_property():
+def test_power_names_the_killing_property(tmp_path):
     """cases/power.py on two mutants: one the reference-free relations cannot see (a softmax temperature
-    error: exp for exp2), one they can (the scale argument applied twice). The first search runs both
-    mutants at once in forked children (--jobs 2); the outcomes come back in corpus order."""
+    error: exp for exp2), one they can (the scale argument applied twice). The first search goes through
+    the command line with --jobs 2 (both mutants at once in forked children; a fresh process, since a
+    process that has used CUDA cannot fork children that use it); the outcomes come back in corpus order."""
+    import json
+    import subprocess
+    import sys
+
     from cases import power
 
     relations = ("permutation", "v_scaling", "v_shift", "scale_equivariance", "row_locality", "duplication",
                  "convex_hull", "causal_hidden_keys")
-    outcomes = power.measure(["scale_twice", "exp_instead_of_exp2"], examples=8, props=relations, jobs=2)
+    report = tmp_path / "power.json"
+    argv = [sys.executable, "-m", "cases.power", "--mutant", "scale_twice", "--mutant", "exp_instead_of_exp2",
+            "--examples", "8", "--jobs", "2", "--json", str(report)]
+    for name in relations:
+        argv += ["--property", name]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    outcomes = [power.Outcome(**o) for o in json.loads(report.read_text())["outcomes"]]
     assert [o.mutant for o in outcomes] == ["scale_twice", "exp_instead_of_exp2"]
+    assert "2 at a time" in run.stdout and "killed 1/2 mutants" in run.stdout, run.stdout
     by_name = {o.mutant: o for o in outcomes}
     twice, exp = by_name["scale_twice"], by_name["exp_instead_of_exp2"]
     assert twice.status == "killed" and twice.prop == "scale_equivariance", twice
