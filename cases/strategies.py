@@ -9,7 +9,8 @@ The space, per backend (cases.backend.backend()):
        a time in NumPy: about 2.5 ms per (query block, key block) step of the fused kernel);
   gpu  compiled: fp32, fp16, bf16, block pins >= 16 (tl.dot's minimum), tiles that fit shared memory,
        lengths up to 256, or 1024 under the `thorough` profile.
-Lengths gather at block boundaries (multiples of 4..64, or 16..128 on the GPU, and their neighbours) and
+One draw in 16 is a few queries against hundreds of key blocks (2,048 keys on the CPU, up to 16k on the GPU),
+where a running state kept in half precision drifts. Lengths gather at block boundaries (multiples of 4..64, or 16..128 on the GPU, and their neighbours) and
 at the small end (0 queries, 1 key), where the masks live; head dims gather at 1, 2, 3, 15..17, 31..33,
 59, 63..65, 111, 127..129, 255, 256. Shrinking goes toward the kernel's own blocks, contiguous fp32,
 B = H = 1, randn data and the default scale, so a minimal example only pins what the bug needs.
@@ -52,14 +53,27 @@ class Limits:
     max_ms: float = None     # interpreter cost cap of one case's kernel runs (estimate, see cost_ms)
     max_macs: int = None     # cap on B*H*Nq*Nk*D: the float64 NumPy reference runs on the host
     smem_bytes: int = None   # cap on a tile's shared-memory estimate (GPU)
+    many_blocks: tuple = ()  # key-block counts of the many-blocks draws (few queries, Nk = count * BLOCK_N)
+    many_pins: tuple = ()    # their BLOCK_N pins
+    many_ms: float = None    # the interpreter cost cap of those draws
 
 
+# One draw in MANY_ODDS is a many-blocks case: a few queries against hundreds of key blocks, where a running
+# state (l, acc) kept in fp16/bf16 drifts out of tolerance: measured on fp16 in the interpreter, 64 blocks do
+# not show it, 128 to 256 do (l in fp16 needs Nk near 2048, where its ulp reaches 1). On the CPU, 256 blocks
+# of 8 keys: about 0.3 s per fused run. Those draws are fp16/bf16 where the caller allows it (fp32 does not
+# drift), unless the data is "large" (fp32 only).
+MANY_ODDS = 16
+MANY_QUERIES = 16
 CPU = Limits(dtypes=("fp32", "fp16"), blocks=(4, 8, 16, 32, 64), default_block=64, max_len=80,
-             boundary_blocks=(4, 8, 16, 32, 64), max_ms=150.0)
+             boundary_blocks=(4, 8, 16, 32, 64), max_ms=150.0, many_blocks=(256,), many_pins=(8,),
+             many_ms=2000.0)
 GPU = Limits(dtypes=("fp32", "fp16", "bf16"), blocks=(16, 32, 64, 128), default_block=64, max_len=256,
-             boundary_blocks=(16, 32, 64, 128), max_macs=1 << 24, smem_bytes=160 * 1024)
+             boundary_blocks=(16, 32, 64, 128), max_macs=1 << 24, smem_bytes=160 * 1024,
+             many_blocks=(128, 256, 512), many_pins=(16, 32))
 GPU_THOROUGH = Limits(dtypes=GPU.dtypes, blocks=GPU.blocks, default_block=64, max_len=1024,
-                      boundary_blocks=GPU.boundary_blocks, max_macs=1 << 27, smem_bytes=GPU.smem_bytes)
+                      boundary_blocks=GPU.boundary_blocks, max_macs=1 << 27, smem_bytes=GPU.smem_bytes,
+                      many_blocks=GPU.many_blocks, many_pins=GPU.many_pins)
 
 
 def current_profile():
@@ -171,12 +185,30 @@ def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("
         # the float64 reference is B*H*Nq*Nk*D multiply-adds on the host: keep the lengths within it
         top = max(2, min(top, math.isqrt(lim.max_macs // D)))
     # data="nan_input" puts its NaN in query row Nq // 2, so it needs a row
-    Nq = draw(_length(lim, max(min_nq, kind == "nan_input"), top))
+    lo_q = max(min_nq, kind == "nan_input")
+    Nq = draw(_length(lim, lo_q, top))
     Nk = draw(_length(lim, 1, top))
-    shape = Case(CASE_NAME, Nq=Nq, Nk=Nk, D=D, dtype=dtype)
+    # many key blocks, one draw in MANY_ODDS: BLOCK_N one of many_pins (the kernel's own block when blocks
+    # are not pinned), Nk a count of them +-1, Nq cut to a few rows, a half-precision dtype. The same draws are made
+    # either way, so shrinking the flag to 0 falls back on the usual lengths above
+    many = draw(st.integers(0, MANY_ODDS - 1)) == MANY_ODDS - 1 and bool(lim.many_blocks)
+    many_bn = draw(st.sampled_from(lim.many_pins or (1,))) if pin_blocks else lim.default_block
+    count = draw(st.sampled_from(lim.many_blocks or (1,)))
+    delta = draw(st.sampled_from((0, 1, -1)))
+    halves = tuple(d for d in lim.dtypes if d != "fp32" and (dtypes is None or d in dtypes))
+    half = draw(st.sampled_from(halves or (dtype,)))
+    if many:
+        dtype = dtype if kind == "large" else half
+        Nk = min(count * many_bn + delta, max_len or count * many_bn + delta)
+        q_top = min(top, MANY_QUERIES)
+        if lim.max_macs:
+            q_top = min(q_top, lim.max_macs // (Nk * D))
+        Nq = min(Nq, max(lo_q, q_top))
+    shape = Case(CASE_NAME, Nq=Nq, Nk=Nk, D=D, dtype=dtype, block_n=many_bn if many and pin_blocks else None)
+    max_ms = lim.many_ms if many else lim.max_ms
 
     def within(case):
-        if lim.max_ms is not None and cost_ms(case, kernels, lim) > lim.max_ms:
+        if max_ms is not None and cost_ms(case, kernels, lim) > max_ms:
             return False
         return not lim.max_macs or case.B * case.H * case.Nq * case.Nk * case.D <= lim.max_macs
 
@@ -191,6 +223,7 @@ def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("
         block_m = draw(st.sampled_from((None,) + tuple(b for b in pins if within(shape.replace(block_m=b)))))
         block_n = draw(st.sampled_from((None,) + tuple(
             b for b in pins if within(shape.replace(block_m=block_m, block_n=b)))))
+        block_n = many_bn if many else block_n
     seed = draw(st.integers(0, 2 ** 16))
     return Case(CASE_NAME, B=B, H=H, Nq=Nq, Nk=Nk, D=D, dtype=dtype, causal=is_causal, scale=scale,
                 layout=layout, block_m=block_m, block_n=block_n, seed=seed, data=kind)

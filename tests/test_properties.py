@@ -121,6 +121,7 @@ _REGIONS = {
     "partial last query block": lambda c: c.block_m and c.Nq > c.block_m and c.Nq % c.block_m,
     "BLOCK_M != BLOCK_N": lambda c: c.block_m and c.block_n and c.block_m != c.block_n,
     "many key blocks": lambda c: c.Nk >= 8 * (c.block_n or 64),
+    "hundreds of key blocks, fp16": lambda c: c.dtype == "fp16" and c.Nk >= 128 * (c.block_n or 64),
     "D = 1": lambda c: c.D == 1,
     "D > 16, not a power of two": lambda c: c.D > 16 and c.D & (c.D - 1),
     "D = 256": lambda c: c.D == 256,
@@ -146,13 +147,17 @@ def test_strategy_stays_in_the_legal_space(case):
     lim = S.limits()
     assert case.dtype in lim.dtypes
     assert case.block_m in (None,) + lim.blocks and case.block_n in (None,) + lim.blocks
-    assert 0 <= case.Nq <= lim.max_len and 1 <= case.Nk <= lim.max_len and 1 <= case.D <= 256
+    many = case.Nk > lim.max_len   # a many-blocks draw: few queries, a count of key blocks (+-1)
+    assert 1 <= case.D <= 256 and 0 <= case.Nq <= lim.max_len and 1 <= case.Nk, case
+    if many:
+        bn = case.block_n or lim.default_block
+        assert case.Nq <= S.MANY_QUERIES and case.Nk in {n * bn + d for n in lim.many_blocks for d in (-1, 0, 1)}
     if backend() == "gpu":
         assert "bf16" in lim.dtypes and min(lim.blocks) >= 16   # tl.dot's minimum
     else:
         assert "bf16" not in lim.dtypes                           # wrong in Triton's interpreter
         # within the interpreter's cost cap, unless the shape alone exceeds it (then nothing is multiplied)
-        within = S.cost_ms(case, ("fused", "unfused"), lim) <= lim.max_ms
+        within = S.cost_ms(case, ("fused", "unfused"), lim) <= (lim.many_ms if many else lim.max_ms)
         assert within or (case.B, case.H, case.block_m, case.block_n) == (1, 1, None, None)
 
 
