@@ -10,12 +10,19 @@ Two conventions differ, and the wrapper bridges both instead of declaring them a
   * A query row that sees no key (causal, Nq > Nk) is a softmax over nothing. The protocol says 0; what
     SDPA gives there has changed with versions and backends (a plain softmax gives NaN, 0/0). The wrapper
     writes 0 into those rows itself.
+  * scale = 0 (every score 0, the output the mean of the visible values): on an H200 with torch 2.11,
+    SDPA's flash and cuDNN backends return NaN for it in fp16 and bf16, and flash is what SDPA picks by
+    default (math and efficient are right). flashcheck's generated cases found this; the wrapper sends
+    scale = 0 to the math backend.
 Everything else matches: q (B, H, Nq, D), k and v (B, H, Nk, D), any strides, scale defaulting to
 1/sqrt(D), the output in q's dtype. SDPA has no out= and no log-sum-exp, so verify reports the output
 guard as a reduced check and does not judge the log-sum-exp.
 """
+import contextlib
+
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 def attention(q, k, v, *, causal=False, scale=None):
@@ -23,10 +30,12 @@ def attention(q, k, v, *, causal=False, scale=None):
     # SDPA's memory-efficient CUDA kernel needs rows aligned to 8 elements ("cutlassF: no kernel found to
     # launch!" on the H200 for a row pitch of D + 3): hand it dense copies; the protocol allows any strides.
     q, k, v = (t.contiguous() for t in (q, k, v))
-    if not causal:
-        return F.scaled_dot_product_attention(q, k, v, scale=scale)
-    Nq, Nk = q.shape[-2], k.shape[-2]
-    # query i sees key j iff j <= i + (Nk - Nq): the lower triangle shifted right by Nk - Nq
-    sees = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).tril(Nk - Nq)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=sees, scale=scale)
+    backends = sdpa_kernel(SDPBackend.MATH) if scale == 0 else contextlib.nullcontext()
+    with backends:
+        if not causal:
+            return F.scaled_dot_product_attention(q, k, v, scale=scale)
+        Nq, Nk = q.shape[-2], k.shape[-2]
+        # query i sees key j iff j <= i + (Nk - Nq): the lower triangle shifted right by Nk - Nq
+        sees = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).tril(Nk - Nq)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=sees, scale=scale)
     return out.masked_fill(~sees.any(dim=-1, keepdim=True), 0.0)
