@@ -3,7 +3,8 @@
 # visible GPUs, once on GPU 0 alone, and the property tests under the thorough profile.
 # Usage: OUT=dir RUNS=5 WORKERS=16 [STEPS="suite single thorough"] bash scripts/gpu_evidence.sh
 # Measured on a two-GPU H200 host: a suite run takes 62-106 s, the GPU-0 run 73 s, and the thorough properties
-# more than 160 s (24 of 36 tests done by then); pick STEPS to fit a call's time limit.
+# 489 s (36 tests, 14 workers on one GPU; the slowest property alone takes 307 s); pick STEPS to fit a call's
+# time limit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
