@@ -59,19 +59,18 @@ def _hunt(mutant, examples, shrink, seed, props):
                    f.entry().source(), result.examples, result.seconds)
 
 
-def _start_hunt(mutant, examples, shrink, seed, props):
-    """Fork a child that runs _hunt and writes its Outcome (JSON, a few hundred bytes) to a pipe.
-    Returns (pid, read end of the pipe, start time)."""
+def _fork(fn):
+    """Run fn() in a forked child that writes its result, as JSON, to a pipe (a few hundred bytes, which the
+    pipe's buffer holds: the child never waits on the parent). Returns (pid, read end of the pipe); a child
+    whose fn raises prints the traceback and exits with 1, writing nothing."""
     read_fd, write_fd = os.pipe()
-    t0 = time.perf_counter()
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
         code = 0
         try:
-            outcome = _hunt(mutant, examples, shrink, seed, props)
             with os.fdopen(write_fd, "w") as pipe:
-                pipe.write(json.dumps(asdict(outcome)))
+                pipe.write(json.dumps(fn()))
         except BaseException:
             import traceback
 
@@ -80,6 +79,14 @@ def _start_hunt(mutant, examples, shrink, seed, props):
         finally:
             os._exit(code)
     os.close(write_fd)
+    return pid, read_fd
+
+
+def _start_hunt(mutant, examples, shrink, seed, props):
+    """Fork a child that runs _hunt and sends back its Outcome. Returns (pid, read end of the pipe, start
+    time)."""
+    t0 = time.perf_counter()
+    pid, read_fd = _fork(lambda: asdict(_hunt(mutant, examples, shrink, seed, props)))
     return pid, read_fd, t0
 
 
@@ -103,23 +110,11 @@ def _describe_in_child():
     after which a forked child can no longer use it, so the parent must not do it itself."""
     from cases.backend import describe
 
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_fd)
-        code = 0
-        try:
-            with os.fdopen(write_fd, "w") as pipe:
-                pipe.write(describe())
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(write_fd)
+    pid, read_fd = _fork(describe)
     with os.fdopen(read_fd) as pipe:
         text = pipe.read()
     os.waitpid(pid, 0)
-    return text or "(the backend could not be described)"
+    return json.loads(text) if text else "(the backend could not be described)"
 
 
 def _hunt_forked(tasks, examples, shrink, seed, props, timeout, jobs, done):

@@ -189,8 +189,8 @@ def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("
     Nq = draw(_length(lim, lo_q, top))
     Nk = draw(_length(lim, 1, top))
     # many key blocks, one draw in MANY_ODDS: BLOCK_N one of many_pins (the kernel's own block when blocks
-    # are not pinned), Nk a count of them +-1, Nq cut to a few rows, a half-precision dtype. The same draws are made
-    # either way, so shrinking the flag to 0 falls back on the usual lengths above
+    # are not pinned), Nk a count of them +-1, Nq cut to a few rows, a half-precision dtype. The same draws
+    # are made either way, so shrinking the flag to 0 falls back on the usual lengths above
     many = draw(st.integers(0, MANY_ODDS - 1)) == MANY_ODDS - 1 and bool(lim.many_blocks)
     many_bn = draw(st.sampled_from(lim.many_pins or (1,))) if pin_blocks else lim.default_block
     count = draw(st.sampled_from(lim.many_blocks or (1,)))
@@ -199,7 +199,9 @@ def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("
     half = draw(st.sampled_from(halves or (dtype,)))
     if many:
         dtype = dtype if kind == "large" else half
-        Nk = min(count * many_bn + delta, max_len or count * many_bn + delta)
+        Nk = count * many_bn + delta
+        if max_len:
+            Nk = min(Nk, max_len)
         q_top = min(top, MANY_QUERIES)
         if lim.max_macs:
             q_top = min(q_top, lim.max_macs // (Nk * D))
