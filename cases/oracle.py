@@ -164,7 +164,8 @@ def call_kernel(kernel, case, caps, qkv, device, guard_fill=float("nan")):
     lse = None
     if caps.lse:
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
-            raise RunFailed(Failure("bad return", f"return_lse=True must return (out, lse), got {type(result).__name__}"))
+            raise RunFailed(Failure("bad return",
+                                    f"return_lse=True must return (out, lse), got {type(result).__name__}"))
         result, lse = result
     B, H, Nq, D = case.B, case.H, case.Nq, case.D
     if not isinstance(result, torch.Tensor):
@@ -172,11 +173,11 @@ def call_kernel(kernel, case, caps, qkv, device, guard_fill=float("nan")):
     if tuple(result.shape) != (B, H, Nq, D) or result.dtype != case.torch_dtype \
             or result.device.type != torch.device(device).type:
         raise RunFailed(Failure("bad return", f"expected {(B, H, Nq, D)} {case.torch_dtype} on {device}, got "
-                                          f"{tuple(result.shape)} {result.dtype} on {result.device}"))
+                                               f"{tuple(result.shape)} {result.dtype} on {result.device}"))
     if lse is not None:
         if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (B, H, Nq):
             raise RunFailed(Failure("bad return", f"lse must be a ({B}, {H}, {Nq}) tensor, got "
-                                              f"{getattr(lse, 'shape', type(lse).__name__)}"))
+                                                   f"{getattr(lse, 'shape', type(lse).__name__)}"))
     return g, result, lse, before
 
 
@@ -188,22 +189,23 @@ def _check_memory(g, result, before, caps):
         if len(changed):
             inside = bool(gt.inside[changed[0]])
             raise RunFailed(Failure("input written" if inside else "out-of-bounds write",
-                                f"{name} buffer changed at {len(changed)} element(s), first flat index "
-                                f"{int(changed[0])} ({'inside' if inside else 'outside'} the {name} view)"))
+                                     f"{name} buffer changed at {len(changed)} element(s), first flat index "
+                                     f"{int(changed[0])} ({'inside' if inside else 'outside'} the {name} view)"))
     if caps.out:
         stray = g.out.outside_changed(before["out"])
         if len(stray):
             raise RunFailed(Failure("out-of-bounds write",
-                                f"{len(stray)} element(s) outside the output view changed, first flat index "
-                                f"{int(stray[0])} of the guarded output buffer"))
+                                     f"{len(stray)} element(s) outside the output view changed, first flat index "
+                                     f"{int(stray[0])} of the guarded output buffer"))
         if result.data_ptr() != g.out.t.data_ptr() or result.stride() != g.out.t.stride():
             if not torch.equal(inp.int_view(result), inp.int_view(g.out.t)):
                 raise RunFailed(Failure("bad return", "out= was given but the returned tensor is neither out nor "
-                                                  "equal to it"))
+                                                       "equal to it"))
     unwritten = inp.is_poison(result)
     if bool(unwritten.any()):
         first = tuple(int(x) for x in torch.nonzero(unwritten)[0])
-        raise RunFailed(Failure("unwritten", f"{int(unwritten.sum())} output element(s) never written", where=first))
+        raise RunFailed(Failure("unwritten", f"{int(unwritten.sum())} output element(s) never written",
+                                where=first))
 
 
 @dataclass
@@ -236,8 +238,9 @@ def expectation(case, qkv, device):
     # tiles dictate, and a sum of n terms carries about sqrt(n) roundings (Higham & Mary's probabilistic
     # bound); an output moves by at most 2 max|V| per unit of score error. PyTorch's own error (cuBLAS,
     # blocked and split sums) can be well below a correct tiled kernel's in fp32, which (b) covers; tf32
-    # (2^-11 per operand) stays far above it. (c) Large scores: an fp32 score cannot be closer than about eps x its largest partial sum, bounded by
-    # scale * sum_d |q_d k_d|; with raw scores of 1e4 that is 1e-4 and more, whatever the kernel does.
+    # (2^-11 per operand) stays far above it. (c) Large scores: an fp32 score cannot be closer than about
+    # eps x its largest partial sum, bounded by scale * sum_d |q_d k_d|; with raw scores of 1e4 that is 1e-4
+    # and more, whatever the kernel does.
     accumulate = np.sqrt(case.D + case.Nk) * FP32_EPS * vmax
     scale = case.scale if case.scale is not None else 1.0 / np.sqrt(case.D)
     qa, ka = np.abs(qn), np.abs(kn)

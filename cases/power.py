@@ -5,8 +5,9 @@ mutant of the bug corpus (cases/mutants.py) and report which mutants they kill, 
                           [--jobs N] [--json PATH]
 
 For each mutant: hypothesis generates up to N cases (derandomized: a run repeats exactly, and every mutant
-starts from the same cases; hypothesis steers later ones by what earlier ones did), checks every applicable property on each (the mutant as the kernel; the other project kernel for the
-agreement property) and stops at the first failure. A mutant of kernel/fused.py is compared with the real
+starts from the same cases; hypothesis steers later ones by what earlier ones did), checks every applicable
+property on each (the mutant as the kernel; the other project kernel for the agreement property) and stops
+at the first failure. A mutant of kernel/fused.py is compared with the real
 unfused kernel and vice versa. --shrink also shrinks the killing case to a minimal catalogue entry.
 --property restricts the search to some properties (e.g. the metamorphic relations alone, without the
 reference, to measure what they catch with no oracle of record).

@@ -10,10 +10,11 @@ The space, per backend (cases.backend.backend()):
   gpu  compiled: fp32, fp16, bf16, block pins >= 16 (tl.dot's minimum), tiles that fit shared memory,
        lengths up to 256, or 1024 under the `thorough` profile.
 One draw in 16 is a few queries against hundreds of key blocks (2,048 keys on the CPU, up to 16k on the GPU),
-where a running state kept in half precision drifts. Lengths gather at block boundaries (multiples of 4..64, or 16..128 on the GPU, and their neighbours) and
-at the small end (0 queries, 1 key), where the masks live; head dims gather at 1, 2, 3, 15..17, 31..33,
-59, 63..65, 111, 127..129, 255, 256. Shrinking goes toward the kernel's own blocks, contiguous fp32,
-B = H = 1, randn data and the default scale, so a minimal example only pins what the bug needs.
+where a running state kept in half precision drifts. Lengths gather at block boundaries (multiples of 4..64,
+or 16..128 on the GPU, and their neighbours) and at the small end (0 queries, 1 key), where the masks live;
+head dims gather at 1, 2, 3, 15..17, 31..33, 59, 63..65, 111, 127..129, 255, 256. Shrinking goes toward the
+kernel's own blocks, contiguous fp32, B = H = 1, randn data and the default scale, so a minimal example only
+pins what the bug needs.
 
 Profiles: dev (quick, the default), ci (derandomized, bounded; the default when $CI is set), thorough
 (many examples, larger shapes on the GPU). Chosen by pytest's --hypothesis-profile or by
