@@ -9,7 +9,7 @@ the worker exits, and pytest-xdist replaces it with a fresh one, so the tests th
 import os
 import sys
 
-from cases.backend import select_backend
+from flashcheck.cases.backend import select_backend
 
 BACKEND = select_backend()
 
@@ -20,7 +20,7 @@ collect_ignore = [] if os.environ.get("FLASHCHECK_FAULT_DEMO") else ["tests/faul
 
 
 def pytest_report_header(config):
-    from cases.backend import describe
+    from flashcheck.cases.backend import describe
 
     return f"flashcheck backend: {describe()}"
 
@@ -49,7 +49,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_sessionstart(session):
     path = os.environ.get("FLASHCHECK_WORKER_LOG")
     if path:
-        from cases.backend import describe
+        from flashcheck.cases.backend import describe
 
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(path, "a") as log:
@@ -83,6 +83,6 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 # hypothesis profiles (cases/strategies.py): dev, ci, thorough; pytest's --hypothesis-profile overrides this
-from cases.strategies import load_default_profile  # noqa: E402
+from flashcheck.cases.generate.strategies import load_default_profile  # noqa: E402
 
 load_default_profile()

@@ -1,6 +1,6 @@
 """flashcheck bench: forward TFLOP/s of the fused kernel against torch's scaled_dot_product_attention.
 
-Every shape is run by four contenders on the same inputs in the same process: kernel.fused.attention and
+Every shape is run by four contenders on the same inputs in the same process: flashcheck.kernel.fused.attention and
 torch.nn.functional.scaled_dot_product_attention with one backend forced at a time through
 torch.nn.attention.sdpa_kernel (FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION). A backend that
 refuses a shape or dtype gives an "n/a" cell with torch's reason; anything that fails gives an "error" cell,
@@ -24,7 +24,7 @@ Timing: triton.testing.do_bench medians on the GPU (warmup/rep in ms). On the CP
 timed with time.perf_counter, to exercise the code path in CI.
 
 --sweep-blocks times the kernel with each (BLOCK_M, BLOCK_N, num_warps, num_stages) candidate and prints the
-best per shape and per group, for tuning kernel.fused.default_blocks.
+best per shape and per group, for tuning flashcheck.kernel.fused.default_blocks.
 """
 import argparse
 import csv
@@ -255,7 +255,7 @@ class Runtime:
         import triton
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        from kernel import fused
+        from flashcheck.kernel import fused
 
         self.torch, self.triton, self.F, self.fused = torch, triton, F, fused
         self.SDPBackend, self.sdpa_kernel = SDPBackend, sdpa_kernel
@@ -770,7 +770,7 @@ def collect_meta(rt, args, date):
                  "check": "max|kernel - SDPA| <= tol * max|SDPA|, tol " +
                           ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items()),
                  "kernel_blocks": (f"{args.blocks[0]}x{args.blocks[1]} (--blocks)" if args.blocks
-                                   else "kernel.fused.default_blocks")})
+                                   else "flashcheck.kernel.fused.default_blocks")})
     return meta
 
 
@@ -813,7 +813,7 @@ def add_arguments(parser):
     parser.add_argument("--warmup", type=_positive_ms, default=25.0, help="do_bench warmup, ms (default 25)")
     parser.add_argument("--rep", type=_positive_ms, default=100.0, help="do_bench repetition time, ms (default 100)")
     parser.add_argument("--blocks", type=parse_blocks, metavar="BMxBN",
-                        help="force the kernel's BLOCK_M x BLOCK_N (default: kernel.fused.default_blocks)")
+                        help="force the kernel's BLOCK_M x BLOCK_N (default: flashcheck.kernel.fused.default_blocks)")
     parser.add_argument("--sweep-blocks", action="store_true",
                         help="time the kernel with every (BLOCK_M, BLOCK_N, num_warps, num_stages) candidate "
                              "and print the best (with --blocks: sweep warps and stages only)")
@@ -840,7 +840,7 @@ def _row_progress(row):
 
 
 def run(args):
-    from cases.backend import backend
+    from flashcheck.cases.backend import backend
 
     if args.show:
         return show(args.show)
@@ -862,7 +862,7 @@ def run(args):
     paths = output_paths(args)
     for path in paths.values():
         path.parent.mkdir(parents=True, exist_ok=True)
-    from reference.torch_ref import no_tf32
+    from flashcheck.reference.torch_ref import no_tf32
 
     # tf32 off for the whole run: the fp32 peers and the fp32 reference then multiply in ieee, like the kernel.
     with no_tf32():

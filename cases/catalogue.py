@@ -8,7 +8,7 @@ on the same classes.
 
 To add a regression: paste the Case(...) line a failure printed (its `repro`), give it a name and a `why`.
 """
-from cases.case import Case
+from flashcheck.cases.case import Case
 
 _DIM_WHY = {
     1: "D = 1: the head-dim block is padded to 16; padded columns must be exact (seed: tl.dot constraints)",

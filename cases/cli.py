@@ -13,11 +13,11 @@ import importlib
 import sys
 
 SUBCOMMANDS = {
-    "verify": ("cases.verify", "verify an attention kernel against the catalogue and the oracle"),
-    "mutants": ("cases.mutants_cli", "run the bug corpus: every mutant must be killed"),
-    "bench": ("cases.bench", "benchmark the fused kernel against torch's attention backends (GPU)"),
-    "sanitize": ("cases.sanitize", "run the catalogue under compute-sanitizer memcheck (GPU)"),
-    "cases": ("cases.cli", "list the catalogue's cases"),
+    "verify": ("flashcheck.cases.verify.cli", "verify an attention kernel against the catalogue and the oracle"),
+    "mutants": ("flashcheck.cases.corpus.cli", "run the bug corpus: every mutant must be killed"),
+    "bench": ("flashcheck.cases.bench", "benchmark the fused kernel against torch's attention backends (GPU)"),
+    "sanitize": ("flashcheck.cases.runner.sanitize", "run the catalogue under compute-sanitizer memcheck (GPU)"),
+    "cases": ("flashcheck.cases.cli", "list the catalogue's cases"),
 }
 
 
@@ -26,7 +26,7 @@ def add_arguments(parser):
 
 
 def run(args):
-    from cases import catalogue
+    from flashcheck.cases import catalogue
 
     for c in catalogue.CATALOGUE:
         if args.gpu_only and not c.gpu_only:
@@ -53,7 +53,7 @@ def main(argv=None):
 
     if args.backend:
         os.environ["FLASHCHECK_BACKEND"] = args.backend
-    from cases.backend import select_backend
+    from flashcheck.cases.backend import select_backend
 
     select_backend()
     return importlib.import_module(SUBCOMMANDS[args.command][0]).run(args)

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel._protocol import check_attention_inputs, check_launch, interpreter_active
+from flashcheck.kernel._protocol import check_attention_inputs, check_launch, interpreter_active
 
 LOG2E = 1.4426950408889634  # exp(x) == exp2(x * log2(e)); exp2 is the cheaper instruction
 

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel._protocol import check_attention_inputs, interpreter_active
+from flashcheck.kernel._protocol import check_attention_inputs, interpreter_active
 
 MAX_ROW = 16384  # the softmax keeps a whole row of scores in one register tile
 
@@ -101,12 +101,12 @@ def _weights_v(W, V, Out,
 
 
 def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, block_m=None, block_n=None):
-    """Unfused attention, same protocol as kernel.fused.attention (see its docstring for shapes/dtypes).
+    """Unfused attention, same protocol as flashcheck.kernel.fused.attention (see its docstring for shapes/dtypes).
     Needs an fp32 (B, H, Nq, Nk) scratch buffer; Nk is capped at MAX_ROW."""
     B, H, Nq, Nk, D, scale = check_attention_inputs(q, k, v, causal, scale, out, block_m, block_n)
     if Nk > MAX_ROW:
         raise ValueError(f"Nk = {Nk} exceeds the unfused softmax's one-tile row limit {MAX_ROW}; "
-                         "use kernel.fused (online softmax) for long rows")
+                         "use flashcheck.kernel.fused (online softmax) for long rows")
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)

@@ -14,12 +14,12 @@ step "device"; nvidia-smi -L | tee -a "$LOG"; python -c "import torch, triton; p
 step "pytest"; timed python -m pytest -n "${WORKERS:-auto}" -p no:cacheprovider --junitxml="$OUT/junit.xml" "$@" || status=1
 grep -o 'property name="[a-z_]*" value="[^"]*"' "$OUT/junit.xml" | tee -a "$LOG"
 cat "$OUT/workers.log" >> "$LOG" 2>/dev/null
-step "kill matrix"; timed python -m cases mutants --json "$OUT/mutants.json" || status=1
-for target in kernel.fused:attention kernel.unfused:attention examples/sdpa_attention.py:attention; do
-  step "verify $target"; timed python -m cases verify "$target" -q || status=1
+step "kill matrix"; timed python -m flashcheck mutants --json "$OUT/mutants.json" || status=1
+for target in flashcheck.kernel.fused:attention flashcheck.kernel.unfused:attention examples/sdpa_attention.py:attention; do
+  step "verify $target"; timed python -m flashcheck verify "$target" -q || status=1
 done
-step "verify examples/buggy_attention.py (must fail)"; timed python -m cases verify examples/buggy_attention.py:attention -q && status=1
-step "sanitize"; timed python -m cases sanitize --target kernel.fused:attention --target kernel.unfused:attention \
+step "verify examples/buggy_attention.py (must fail)"; timed python -m flashcheck verify examples/buggy_attention.py:attention -q && status=1
+step "sanitize"; timed python -m flashcheck sanitize --target flashcheck.kernel.fused:attention --target flashcheck.kernel.unfused:attention \
     --mutant kv_mask_plus --mutant store_no_row_mask --mutant unfused_kv_mask_plus || status=1
 step "done: status $status"
 exit $status

@@ -21,8 +21,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from cases.bench import config_text  # noqa: E402
-from kernel.fused import _attn_fwd, head_dim_block  # noqa: E402
+from flashcheck.cases.bench import config_text  # noqa: E402
+from flashcheck.kernel.fused import _attn_fwd, head_dim_block  # noqa: E402
 
 POINTER = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16"}
 DEFAULT_CONFIGS = {"fp32": ["64x64w4s1", "64x64w4s2", "32x32w4s2", "64x32w4s1", "64x32w8s1", "64x16w4s1",

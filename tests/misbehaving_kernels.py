@@ -8,7 +8,7 @@ recovered. It accepts out= so that a write outside the output can be seen (the o
 import ctypes
 import time
 
-from reference import torch_ref
+from flashcheck.reference import torch_ref
 
 # head dim -> (what the kernel does, the failure kind verify must report)
 MISBEHAVIOURS = {

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kernel import fused, unfused
+from flashcheck.kernel import fused, unfused
 
 
 @pytest.fixture(params=["fused", "unfused"])

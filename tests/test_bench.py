@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cases import bench, cli
+from flashcheck.cases import bench, cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -235,15 +235,15 @@ def test_best_configs_skip_wrong_candidates():
 # -- the command -----------------------------------------------------------------------------------------------
 
 def test_registered_and_light_to_import():
-    assert cli.SUBCOMMANDS["bench"][0] == "cases.bench"
-    code = ("import sys, cases.bench; heavy = [m for m in ('triton', 'torch', 'kernel.fused') if m in sys.modules];"
+    assert cli.SUBCOMMANDS["bench"][0] == "flashcheck.cases.bench"
+    code = ("import sys, flashcheck.cases.bench; heavy = [m for m in ('triton', 'torch', 'flashcheck.kernel.fused') if m in sys.modules];"
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
 
 
 def test_cpu_without_smoke_exits_2():
     """Through the real command line, in a fresh process: the backend must be chosen before Triton loads."""
-    done = subprocess.run([sys.executable, "-m", "cases", "--backend", "cpu", "bench"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "flashcheck", "--backend", "cpu", "bench"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert "needs a CUDA GPU" in done.stderr and "--smoke" in done.stderr, done.stderr

@@ -1,8 +1,8 @@
 """Every catalogue case through the whole oracle, for the fused kernel and the unfused baseline."""
 import pytest
 
-from cases import catalogue, oracle
-from kernel import fused, unfused
+from flashcheck.cases import catalogue, oracle
+from flashcheck.kernel import fused, unfused
 
 KERNELS = {"fused": fused.attention, "unfused": unfused.attention}
 

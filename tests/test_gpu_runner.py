@@ -20,7 +20,7 @@ def test_device_fault_is_isolated_and_reported(tmp_path):
     """verify runs a kernel that faults the device: each case is reported as a device fault (the worker
     process is replaced after each fault), and this process's CUDA context is untouched."""
     report = tmp_path / "verify.json"
-    proc = _run(["-m", "cases", "verify", "tests/faulty_kernels.py:attention",
+    proc = _run(["-m", "flashcheck", "verify", "tests/faulty_kernels.py:attention",
                  "--only", "hand_one_query_two_keys,partial_last_query_block", "--json", str(report)])
     assert proc.returncode == 1, proc.stdout + proc.stderr
     results = json.loads(report.read_text())["cases"]
@@ -42,5 +42,5 @@ def test_escaped_fault_restarts_the_worker():
 
 @pytest.mark.sanitizer
 def test_memcheck_clean_kernel_and_flagged_mutants():
-    proc = _run(["-m", "cases", "sanitize", "--mutant", "kv_mask_plus", "--mutant", "store_no_row_mask"])
+    proc = _run(["-m", "flashcheck", "sanitize", "--mutant", "kv_mask_plus", "--mutant", "store_no_row_mask"])
     assert proc.returncode == 0, proc.stdout + proc.stderr

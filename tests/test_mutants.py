@@ -8,9 +8,10 @@ import re
 
 import pytest
 
-from cases import catalogue, mutants, sweep
-from cases.mutants import Mutant, MutantDrift
-from cases.backend import backend
+from flashcheck.cases import catalogue
+from flashcheck.cases.corpus import mutants, sweep
+from flashcheck.cases.corpus.mutants import Mutant, MutantDrift
+from flashcheck.cases.backend import backend
 
 # mutants compute NaN and inf on purpose: the interpreter's NumPy warnings about it are noise here
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
@@ -163,5 +164,5 @@ def test_sweep_equivalents_match_generated_mutants():
 def test_docs_table_is_current():
     from pathlib import Path
 
-    doc = (Path(mutants.ROOT) / "docs" / "mutants.md").read_text()
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "mutants.md").read_text()
     assert mutants.markdown() in doc, "docs/mutants.md is stale: regenerate it with `flashcheck mutants --markdown`"

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from cases import oracle
-from cases.case import Case, parse_case
-from kernel import fused
+from flashcheck.cases import oracle
+from flashcheck.cases.case import Case, parse_case
+from flashcheck.kernel import fused
 
 CASE = Case("oracle_probe", why="probe", B=2, H=2, Nq=21, Nk=27, D=16, layout="gapped", seed=3)
 
@@ -143,7 +143,7 @@ def test_tolerance_is_derived_per_dtype():
 
 
 def test_case_source_round_trips():
-    from cases import catalogue
+    from flashcheck.cases import catalogue
 
     for case in catalogue.CATALOGUE:
         assert parse_case(case.source()) == case
@@ -164,6 +164,6 @@ def test_sampled_heads_map_failures_back():
 
 
 def test_every_failure_kind_has_a_kill_matrix_code():
-    from cases import mutants_cli
+    from flashcheck.cases.corpus import cli as mutants_cli
 
     assert set(oracle.KINDS) == set(mutants_cli.CODES)

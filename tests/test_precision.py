@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from cases import catalogue, inputs, oracle
+from flashcheck.cases import catalogue, inputs, oracle
 
 pytestmark = pytest.mark.gpu
 
@@ -20,8 +20,8 @@ def _relative_error(attention, case):
 
 
 def test_ieee_passes_and_tf32_fails_the_fp32_tolerance(record_property):
-    from cases import mutants
-    from kernel import fused
+    from flashcheck.cases.corpus import mutants
+    from flashcheck.kernel import fused
 
     case = catalogue.get("fp32_precision")
     tf32 = mutants.load(mutants.get("fp32_tf32_dot"))

@@ -8,15 +8,15 @@ import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
-from cases import properties as P
-from cases import strategies as S
-from cases.backend import backend
-from cases.case import parse_case
-from kernel import fused, unfused
+from flashcheck.cases.generate import properties as P
+from flashcheck.cases.generate import strategies as S
+from flashcheck.cases.backend import backend
+from flashcheck.cases.case import parse_case
+from flashcheck.kernel import fused, unfused
 
 pytestmark = pytest.mark.properties
-FUSED = "kernel.fused:attention"
-UNFUSED = "kernel.unfused:attention"
+FUSED = "flashcheck.kernel.fused:attention"
+UNFUSED = "flashcheck.kernel.unfused:attention"
 
 
 def holds(failure):
@@ -170,12 +170,12 @@ def test_power_names_the_killing_property(tmp_path):
     import subprocess
     import sys
 
-    from cases import power
+    from flashcheck.cases.corpus import power
 
     relations = ("permutation", "v_scaling", "v_shift", "scale_equivariance", "row_locality", "duplication",
                  "convex_hull", "causal_hidden_keys")
     report = tmp_path / "power.json"
-    argv = [sys.executable, "-m", "cases.power", "--mutant", "scale_twice", "--mutant", "exp_instead_of_exp2",
+    argv = [sys.executable, "-m", "flashcheck.cases.corpus.power", "--mutant", "scale_twice", "--mutant", "exp_instead_of_exp2",
             "--examples", "8", "--jobs", "2", "--json", str(report)]
     for name in relations:
         argv += ["--property", name]

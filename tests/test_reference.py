@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from reference import numpy_ref, torch_ref
+from flashcheck.reference import numpy_ref, torch_ref
 
 
 def _rand(*shape, seed=0):

@@ -1,4 +1,4 @@
-"""`flashcheck verify` end to end, as a user runs it (a subprocess of `python -m cases verify`): exit codes,
+"""`flashcheck verify` end to end, as a user runs it (a subprocess of `python -m flashcheck verify`): exit codes,
 the two examples, one named failure per way a kernel can misbehave, the JSON and JUnit reports, and cases
 skipped by declaration listed as skipped with their reason."""
 import fcntl
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from cases.case import parse_case
+from flashcheck.cases.case import parse_case
 from tests.misbehaving_kernels import MISBEHAVIOURS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,9 +24,9 @@ HANG_TIMEOUT = 4   # seconds: the hanging kernel sleeps an hour; every well-beha
 
 
 def verify(*args):
-    """Run `python -m cases verify ARGS` from the repository root; the backend is the one conftest chose
+    """Run `python -m flashcheck verify ARGS` from the repository root; the backend is the one conftest chose
     (inherited through FLASHCHECK_BACKEND)."""
-    return subprocess.run([sys.executable, "-m", "cases", "verify", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "flashcheck", "verify", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -70,7 +70,7 @@ def test_fused_kernel_passes_a_selection():
     cases = "hand_one_query_two_keys,partial_last_key_block,causal_nq_gt_nk,layout_mixed"
     proc = verify("--only", cases, "-q")
     assert proc.returncode == 0, explain(proc)
-    assert re.fullmatch(r"verify kernel\.fused:attention on .*: 4 passed, 0 failed, 0 skipped, 0 reduced in [\d.]+ s",
+    assert re.fullmatch(r"verify flashcheck\.kernel\.fused:attention on .*: 4 passed, 0 failed, 0 skipped, 0 reduced in [\d.]+ s",
                         proc.stdout.strip()), "--quiet: only the summary line\n" + explain(proc)
 
 
@@ -166,7 +166,7 @@ def test_nothing_to_verify_is_not_a_pass():
     (["attention_without_colon"], "is not MODULE:FUNCTION"),
     (["examples/no_such_file.py:attention"], "does not exist"),
     (["no_such_module_xyz:attention"], "cannot import no_such_module_xyz: ModuleNotFoundError"),
-    (["kernel.fused:no_such_function"], "has no attribute 'no_such_function'"),
+    (["flashcheck.kernel.fused:no_such_function"], "has no attribute 'no_such_function'"),
     ([f"{CHAOS.split(':')[0]}:MISBEHAVIOURS"], "is a dict, not callable"),
     (["--only", "no_such_case"], "no catalogue case named no_such_case"),
     (["--case", "Case('x', dtype='fp8')"], "--case"),

@@ -1,7 +1,7 @@
 """Measured power of the properties alone: run cases/properties.py (no named catalogue case) against every
 mutant of the bug corpus (cases/mutants.py) and report which mutants they kill, the fraction, and the time.
 
-    python -m cases.power [--examples N] [--mutant NAME ...] [--property NAME ...] [--shrink] [--seed S]
+    python -m flashcheck.cases.corpus.power [--examples N] [--mutant NAME ...] [--property NAME ...] [--shrink] [--seed S]
                           [--jobs N] [--json PATH]
 
 For each mutant: hypothesis generates up to N cases (derandomized: a run repeats exactly, and every mutant
@@ -43,8 +43,9 @@ class Outcome:
 
 def _hunt(mutant, examples, shrink, seed, props):
     """In this process: search the properties for a failure of the mutant. Returns an Outcome."""
-    from cases import mutants, properties
-    from kernel import fused, unfused
+    from flashcheck.cases.corpus import mutants
+    from flashcheck.cases.generate import properties
+    from flashcheck.kernel import fused, unfused
 
     try:
         attention = mutants.load(mutant).attention
@@ -107,9 +108,9 @@ def _finish_hunt(mutant, read_fd, status, t0):
 
 
 def _describe_in_child():
-    """cases.backend.describe() computed in a forked child: on the GPU, naming the device initialises CUDA,
+    """flashcheck.cases.backend.describe() computed in a forked child: on the GPU, naming the device initialises CUDA,
     after which a forked child can no longer use it, so the parent must not do it itself."""
-    from cases.backend import describe
+    from flashcheck.cases.backend import describe
 
     pid, read_fd = _fork(describe)
     with os.fdopen(read_fd) as pipe:
@@ -148,8 +149,8 @@ def measure(names=None, *, examples=DEFAULT_EXAMPLES, props=None, shrink=False, 
     """Outcomes of the properties (all, or those named in props) against the corpus (or the named
     mutants), in corpus order. jobs > 1 hunts that many mutants at once (isolated only); progress(outcome)
     is called as each one ends, in the order they end."""
-    from cases import mutants
-    from cases.backend import backend
+    from flashcheck.cases.corpus import mutants
+    from flashcheck.cases.backend import backend
 
     chosen = [mutants.get(n) for n in names] if names else list(mutants.MUTANTS)
     outcomes = [None] * len(chosen)
@@ -174,9 +175,9 @@ def measure(names=None, *, examples=DEFAULT_EXAMPLES, props=None, shrink=False, 
             raise RuntimeError("CUDA is initialised in this process, so forked children cannot use the GPU: "
                                "describe the device with _describe_in_child(), or pass isolate=False")
         # imported once here so that every forked child starts warm (this initialises no CUDA context)
-        import cases.properties  # noqa: F401
-        import kernel.fused  # noqa: F401
-        import kernel.unfused  # noqa: F401
+        import flashcheck.cases.generate.properties  # noqa: F401
+        import flashcheck.kernel.fused  # noqa: F401
+        import flashcheck.kernel.unfused  # noqa: F401
 
         _hunt_forked([m for _, m in tasks], examples, shrink, seed, props, timeout, jobs,
                      lambda k, outcome: done(tasks[k][0], outcome))
@@ -211,7 +212,7 @@ def summary(outcomes, seconds):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m cases.power", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m flashcheck.cases.corpus.power", description=__doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=DEFAULT_EXAMPLES, metavar="N",
                         help=f"generated cases per mutant at most (default {DEFAULT_EXAMPLES})")
     parser.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant (repeatable)")
@@ -235,16 +236,16 @@ def main(argv=None):
         parser.error("--jobs needs the forked children; drop --no-isolate")
     if args.backend:
         os.environ["FLASHCHECK_BACKEND"] = args.backend
-    from cases.backend import describe, select_backend
+    from flashcheck.cases.backend import describe, select_backend
 
     select_backend()
     import warnings
 
     # mutants compute NaN and inf on purpose: NumPy's warnings from inside the interpreter are noise here
     warnings.filterwarnings("ignore", category=RuntimeWarning)
-    from cases import mutants
+    from flashcheck.cases.corpus import mutants
 
-    from cases.properties import NAMES
+    from flashcheck.cases.generate.properties import NAMES
 
     unknown = [n for n in args.mutant or () if n not in mutants.BY_NAME]
     if unknown:

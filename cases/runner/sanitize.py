@@ -8,7 +8,7 @@ so every tensor is its own allocation and an access past its end is reported.
 
     flashcheck sanitize                               # the fused kernel, every catalogue case that fits
     flashcheck sanitize --mutant kv_mask_plus --mutant store_no_row_mask
-    flashcheck sanitize --target kernel.unfused:attention
+    flashcheck sanitize --target flashcheck.kernel.unfused:attention
 
 Each target runs in its own `compute-sanitizer --tool memcheck` process; the report gives memcheck's error
 count per target. Exit 0 when every real kernel is clean and every named mutant is flagged.
@@ -24,7 +24,7 @@ import time
 
 def add_arguments(parser):
     parser.add_argument("--target", action="append", default=[],
-                        help="MODULE:FUNCTION to check (default kernel.fused:attention); repeatable")
+                        help="MODULE:FUNCTION to check (default flashcheck.kernel.fused:attention); repeatable")
     parser.add_argument("--mutant", action="append", default=[],
                         help="a bug-corpus mutant that memcheck must flag; repeatable")
     parser.add_argument("--sanitizer", default="compute-sanitizer", help="path of compute-sanitizer")
@@ -34,7 +34,7 @@ def add_arguments(parser):
 
 
 def _cases(max_elements):
-    from cases import catalogue
+    from flashcheck.cases import catalogue
 
     return [c for c in catalogue.CATALOGUE if c.B * c.H * max(c.Nq, c.Nk) * c.D <= max_elements]
 
@@ -43,15 +43,15 @@ def _inner(spec, max_elements):
     """Runs inside compute-sanitizer: every case once on plain, exact-size tensors."""
     import torch
 
-    from cases import inputs
+    from flashcheck.cases import inputs
 
     if spec.startswith("mutant:"):
-        from cases import mutants
+        from flashcheck.cases.corpus import mutants
 
         name = spec.split(":", 1)[1]
         attention = mutants.load(mutants.get(name)).attention
     else:
-        from cases.isolate import load_target
+        from flashcheck.cases.runner.isolate import load_target
 
         attention = load_target(spec)
     for case in _cases(max_elements):
@@ -76,7 +76,7 @@ def _errors(output):
 def run(args):
     if args.inner:
         return _inner(args.inner, args.max_elements)
-    from cases.backend import backend
+    from flashcheck.cases.backend import backend
 
     if backend() != "gpu":
         print("flashcheck sanitize: compute-sanitizer needs the GPU backend", file=sys.stderr)
@@ -86,12 +86,12 @@ def run(args):
         print(f"flashcheck sanitize: {args.sanitizer} not found (it ships with the CUDA toolkit)", file=sys.stderr)
         return 2
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
-    specs = [(t, False) for t in (args.target or ["kernel.fused:attention"])]
+    specs = [(t, False) for t in (args.target or ["flashcheck.kernel.fused:attention"])]
     specs += [(f"mutant:{m}", True) for m in args.mutant]
     ok = True
     for spec, must_flag in specs:
         t0 = time.perf_counter()
-        cmd = [tool, "--tool", "memcheck", "--print-limit", "5", sys.executable, "-m", "cases",
+        cmd = [tool, "--tool", "memcheck", "--print-limit", "5", sys.executable, "-m", "flashcheck",
                "--backend", "gpu", "sanitize", "--inner", spec, "--max-elements", str(args.max_elements)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         output = proc.stdout + proc.stderr

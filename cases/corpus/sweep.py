@@ -27,7 +27,7 @@ import time
 import tokenize
 from dataclasses import dataclass
 
-from cases.mutants import MODULES, Mutant
+from flashcheck.cases.corpus.mutants import MODULES, Mutant
 
 # Cases first that kill many mutants quickly, so that the stop-at-first-kill search is short.
 FIRST = ("partial_last_key_block", "causal_nq_gt_nk", "partial_last_query_block", "cross_nq_lt_nk",
@@ -244,7 +244,7 @@ def generate(module="fused"):
 
 
 def sweep_diff(g):
-    from cases.mutants import diff
+    from flashcheck.cases.corpus.mutants import diff
 
     return diff(g.mutant)
 
@@ -255,9 +255,10 @@ def _progress(text):
 
 def run(args):
     """flashcheck mutants --sweep: judge every generated mutant, print the score and the survivors."""
-    from cases import catalogue, mutants
-    from cases.backend import backend, describe
-    from cases.mutants_cli import publish
+    from flashcheck.cases import catalogue
+    from flashcheck.cases.corpus import mutants
+    from flashcheck.cases.backend import backend, describe
+    from flashcheck.cases.report import publish
 
     be = backend()
     generated = generate()

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from cases import inputs as inp
-from reference import numpy_ref, torch_ref
+from flashcheck.cases import inputs as inp
+from flashcheck.reference import numpy_ref, torch_ref
 
 FACTOR = 2.0      # "at most about twice as wrong as PyTorch in the same precision" (FlashAttention's rule)
 FP32_EPS = float(torch.finfo(torch.float32).eps)
@@ -408,7 +408,7 @@ def _one_huge_case_at_a_time():
 
 
 def _judge(kernel, case, device, target, caps, layers):
-    from cases.backend import device as active_device
+    from flashcheck.cases.backend import device as active_device
 
     device = device or active_device()
     caps = caps or Capabilities.of(kernel)

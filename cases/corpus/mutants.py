@@ -13,7 +13,7 @@ kernel source raises MutantDrift naming the mutant: a refactor of the kernel mus
 
 Judging: in-process on the CPU by default (the interpreter cannot fault a device, and every corpus mutant
 keeps its stray accesses inside the oracle's guard bands on the CPU-judgeable catalogue); on the GPU every
-mutant is judged in a worker subprocess (``python -m cases mutants --worker``), so that an illegal memory
+mutant is judged in a worker subprocess (``python -m flashcheck mutants --worker``), so that an illegal memory
 access is reported as a "device fault" kill of that mutant and never poisons the CUDA context of anything
 else. isolate=True (``--isolate``) uses the workers on the CPU too: the sweep always does, since a
 generated mutant can write far outside the guard bands and corrupt the interpreter's own memory.
@@ -32,10 +32,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from cases.isolate import import_file_as
+from flashcheck.cases.runner.isolate import import_file_as, python_command
 
-ROOT = Path(__file__).resolve().parent.parent
-MODULES = {"fused": ROOT / "kernel" / "fused.py", "unfused": ROOT / "kernel" / "unfused.py"}
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernel"   # flashcheck.kernel, in a checkout or a wheel
+MODULES = {"fused": KERNEL_DIR / "fused.py", "unfused": KERNEL_DIR / "unfused.py"}
 
 
 class MutantDrift(Exception):
@@ -141,25 +141,25 @@ def target(mutant):
 
 
 def _cases(mutant, cases):
-    from cases import catalogue
+    from flashcheck.cases import catalogue
 
     return [catalogue.get(c) if isinstance(c, str) else c for c in (mutant.killers if cases is None else cases)]
 
 
 def kill(mutant, cases=None, *, isolate=None, timeout=None):
-    """Judge the mutant's attention with cases.oracle.judge on its killers (or on the given cases: Case
+    """Judge the mutant's attention with flashcheck.cases.oracle.judge on its killers (or on the given cases: Case
     objects or catalogue names). Returns [(case, Verdict)]; the mutant is killed iff some verdict failed.
 
     isolate (default: on the GPU backend) runs the judging in a worker subprocess: a device fault there
     is a "device fault" kill of this mutant and leaves this process's CUDA context intact."""
-    from cases.backend import backend
+    from flashcheck.cases.backend import backend
 
     cases = _cases(mutant, cases)
     if isolate is None:
         isolate = backend() == "gpu"
     if isolate:
         return judge_isolated([(mutant, cases)], timeout=timeout)[0]
-    from cases import oracle
+    from flashcheck.cases import oracle
 
     attention = load(mutant).attention
     return [(c, oracle.judge(attention, c, target=target(mutant))) for c in cases]
@@ -173,7 +173,7 @@ def killed(results):
 # ---------------------------------------------------------------------------------------------------------
 # Isolation: worker subprocesses that judge mutants and stream verdicts back as JSON lines.
 #
-# A task is (mutant, cases). The worker (``python -m cases mutants --worker``) imports Torch, Triton and
+# A task is (mutant, cases). The worker (``python -m flashcheck mutants --worker``) imports Torch, Triton and
 # the oracle once, then forks a fresh child per task: a mutant that corrupts memory (an out-of-bounds
 # write in the interpreter, a stray write on the GPU) or faults the device takes only its own child
 # down, and the next mutant starts clean. The child emits one verdict per case as soon as it is judged;
@@ -194,7 +194,7 @@ def _verdict_json(v):
 
 
 def _verdict_from_json(case, d):
-    from cases.oracle import Failure, Verdict
+    from flashcheck.cases.oracle import Failure, Verdict
 
     failures = [Failure(f["kind"], f["message"], tuple(f["where"]) if f["where"] is not None else None,
                         f["got"], f["expected"], f["tol"]) for f in d["failures"]]
@@ -202,7 +202,7 @@ def _verdict_from_json(case, d):
 
 
 def _failed_verdict(case, mutant, kind, message):
-    from cases.oracle import Failure, Verdict
+    from flashcheck.cases.oracle import Failure, Verdict
 
     return Verdict(case, target(mutant), [Failure(kind, message)])
 
@@ -219,8 +219,8 @@ def _fault_text(exc):
 
 def _judge_task(task):
     """In the forked child: judge one task, emitting its events."""
-    from cases import oracle
-    from cases.case import parse_case
+    from flashcheck.cases import oracle
+    from flashcheck.cases.case import parse_case
 
     mutant = Mutant.from_json(task["mutant"])
     try:
@@ -252,7 +252,7 @@ def worker_main(stdin=None):
     """The worker loop: tasks in on stdin, events out on stdout, one JSON object per line."""
     import torch  # noqa: F401  (imported once here, so that every forked child starts warm)
     import triton  # noqa: F401
-    from cases import catalogue, oracle  # noqa: F401
+    from flashcheck.cases import catalogue, oracle  # noqa: F401
 
     for line in stdin or sys.stdin:
         if not line.strip():
@@ -294,7 +294,7 @@ class Worker:
         if self.stderr is not None:
             self.stderr.close()
         self.stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "cases", "mutants", "--worker"], cwd=ROOT,
+        self.proc = subprocess.Popen(python_command("from flashcheck.cases.cli import main; main(['mutants', '--worker'])"),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                      text=True, bufsize=1, env=dict(os.environ), start_new_session=True)
         self.events = queue.Queue()

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-DEFAULT_TARGET = "kernel.fused:attention"
+DEFAULT_TARGET = "flashcheck.kernel.fused:attention"
 DEFAULT_TIMEOUT = {"cpu": 120.0, "gpu": 60.0}   # seconds per case; the interpreter is much slower
 DEFAULT_EXAMPLES = 25   # hypothesis cases judged after the whole catalogue (derandomized: the same every run)
 _DTYPE_NAMES = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16", "half": "fp16",
@@ -146,8 +146,8 @@ def skip_reason(case, support, backend):
 
 def select_cases(args):
     """[(case, origin)] from --only, -k and --case (the whole catalogue when none is given)."""
-    from cases import catalogue
-    from cases.case import parse_case
+    from flashcheck.cases import catalogue
+    from flashcheck.cases.case import parse_case
 
     picked = []
     names = [n.strip() for text in args.only for n in text.split(",") if n.strip()]
@@ -186,15 +186,15 @@ def _resolve_examples(args):
 def _check_examples(n):
     if n < 0:
         raise UsageError(f"--examples must be >= 0, got {n}")
-    if n and importlib.util.find_spec("cases.strategies") is None:
+    if n and importlib.util.find_spec("flashcheck.cases.generate.strategies") is None:
         raise UsageError("--examples needs the hypothesis strategies of cases/strategies.py, which this "
                          "installation does not have")
 
 
 def run(args):
-    from cases import report
-    from cases.backend import backend as active_backend
-    from cases.isolate import InProcess, TargetError, Worker, split_target
+    from flashcheck.cases import report
+    from flashcheck.cases.backend import backend as active_backend
+    from flashcheck.cases.runner.isolate import InProcess, TargetError, Worker, split_target
 
     t0 = time.perf_counter()
     backend = active_backend()
@@ -258,7 +258,7 @@ def run(args):
 
 
 def _finish(run_, args):
-    from cases import report
+    from flashcheck.cases import report
 
     if not args.quiet:
         print(report.capabilities_line(run_))
@@ -300,7 +300,8 @@ def _run_examples(count, seed, support, backend, runner, run_, progress, n):
     from hypothesis import seed as seeded
     from hypothesis.errors import Flaky
 
-    from cases import report, strategies
+    from flashcheck.cases import report
+    from flashcheck.cases.generate import strategies
 
     dtypes = tuple(d for d in strategies.limits(backend).dtypes if support.dtypes is None or d in support.dtypes)
     if not dtypes:

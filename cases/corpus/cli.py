@@ -11,7 +11,6 @@ override; --jobs N > 1 always uses N workers), so that a device fault kills one 
 This module imports neither Triton nor kernel.* at import time: the backend is chosen after parsing.
 """
 import argparse
-import json
 import sys
 import time
 
@@ -46,7 +45,7 @@ def add_arguments(parser):
 def run(args):
     import warnings
 
-    from cases import mutants
+    from flashcheck.cases.corpus import mutants
 
     # mutants compute NaN and inf on purpose: NumPy's warnings from inside the interpreter are noise here
     warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.")
@@ -59,7 +58,7 @@ def run(args):
     if args.jobs < 1:
         print("flashcheck mutants: --jobs must be >= 1", file=sys.stderr)
         return 2
-    from cases.case import parse_case
+    from flashcheck.cases.case import parse_case
 
     try:
         args.extra_cases = [parse_case(text) for text in args.extra_case]
@@ -67,7 +66,7 @@ def run(args):
         print(f"flashcheck mutants: --extra-case: {exc}", file=sys.stderr)
         return 2
     if args.sweep:
-        from cases import sweep
+        from flashcheck.cases.corpus import sweep
 
         return sweep.run(args)
     return _matrix(args)
@@ -78,8 +77,10 @@ def progress(text):
 
 
 def _matrix(args):
-    from cases import catalogue, mutants
-    from cases.backend import backend, describe
+    from flashcheck.cases import catalogue
+    from flashcheck.cases.corpus import mutants
+    from flashcheck.cases.backend import backend, describe
+    from flashcheck.cases.report import publish
 
     be = backend()
     try:
@@ -132,16 +133,6 @@ def _matrix(args):
     report = _report(be, describe(), judgeable, tasks, outcomes, skipped, seconds, args.killers_only)
     publish(_render(report), report, args.json)
     return 0 if not report["survivors"] else 1
-
-
-def publish(text, report, json_path):
-    """The human report on stdout, or on stderr when the JSON goes to stdout ('-')."""
-    print(text, file=sys.stderr if json_path == "-" else sys.stdout)
-    if json_path == "-":
-        print(json.dumps(report, indent=1))
-    elif json_path:
-        with open(json_path, "w") as f:
-            f.write(json.dumps(report, indent=1) + "\n")
 
 
 def _report(be, where, cases, tasks, outcomes, skipped, seconds, killers_only):

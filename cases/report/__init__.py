@@ -16,9 +16,9 @@ _REFERENCE_KINDS = {"mismatch", "NaN", "out-of-bounds read"}
 
 @dataclass
 class Result:
-    case: object                 # cases.case.Case
+    case: object                 # flashcheck.cases.case.Case
     status: str                  # "pass", "fail" or "skip"
-    verdict: object = None       # cases.oracle.Verdict of a case that ran
+    verdict: object = None       # flashcheck.cases.oracle.Verdict of a case that ran
     reason: str = ""             # why a case was skipped
     skip_group: str = ""         # "GPU only" or "not declared": the summary counts skips by group
     origin: str = "catalogue"    # "catalogue", "--case" or "hypothesis"
@@ -28,7 +28,7 @@ class Result:
 class Run:
     target: str
     describe: str                # backend, device, torch and triton versions
-    caps: object                 # cases.oracle.Capabilities
+    caps: object                 # flashcheck.cases.oracle.Capabilities
     declared: list = field(default_factory=list)   # the support declarations, as flags
     results: list = field(default_factory=list)
     seconds: float = 0.0
@@ -162,6 +162,16 @@ def _num(x):
     if x is None or (x == x and abs(x) != float("inf")):
         return x
     return str(x)
+
+
+def publish(text, data, json_path):
+    """A human report and its JSON: the text on stdout, or on stderr when the JSON goes to stdout ('-')."""
+    print(text, file=sys.stderr if json_path == "-" else sys.stdout)
+    if json_path == "-":
+        print(json.dumps(data, indent=1))
+    elif json_path:
+        with open(json_path, "w") as f:
+            f.write(json.dumps(data, indent=1) + "\n")
 
 
 def write_json(run, path):

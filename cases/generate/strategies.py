@@ -1,9 +1,9 @@
 """Hypothesis strategies over the legal case space of the active backend, and the test profiles.
 
-Every strategy produces cases.case.Case objects, the catalogue's own syntax, so a shrunk failing example
+Every strategy produces flashcheck.cases.case.Case objects, the catalogue's own syntax, so a shrunk failing example
 prints as a ready catalogue entry (Case.source()).
 
-The space, per backend (cases.backend.backend()):
+The space, per backend (flashcheck.cases.backend.backend()):
   cpu  Triton's interpreter: fp32 and fp16 only (its bfloat16 is silently wrong), block pins down to 4,
        lengths up to 80, and a cost cap on the tiles the interpreter walks through (it runs one program at
        a time in NumPy: about 2.5 ms per (query block, key block) step of the fused kernel);
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from cases.case import Case
+from flashcheck.cases.case import Case
 
 PROFILE_ENV = "FLASHCHECK_HYPOTHESIS_PROFILE"
 PROFILES = ("dev", "ci", "thorough")
@@ -88,7 +88,7 @@ def limits(backend=None, profile=None):
     """The Limits of a backend ("cpu" | "gpu", default the active one) under a profile (default the loaded
     one)."""
     if backend is None:
-        from cases.backend import backend as active
+        from flashcheck.cases.backend import backend as active
 
         backend = active()
     if backend != "gpu":

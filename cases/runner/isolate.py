@@ -27,6 +27,15 @@ import time
 import traceback
 
 _HEADER = struct.Struct(">Q")
+# The worker starts in the user's directory (a target "my_pkg.attn:forward" is imported from there), but
+# flashcheck itself must come from where this process got it, never from a same-named folder of the user's:
+# the directory holding the flashcheck package goes first on the worker's path.
+_FLASHCHECK_HOME = os.path.dirname(os.path.dirname(importlib.util.find_spec("flashcheck").origin))
+
+
+def python_command(code):
+    """argv of a fresh interpreter that runs `code` with this flashcheck first on its path."""
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {_FLASHCHECK_HOME!r}); {code}"]
 # Importing torch, Triton and the target can take a while on a loaded machine; a hang here is still an error.
 START_TIMEOUT = 300.0
 
@@ -40,7 +49,7 @@ def split_target(spec):
     importing anything. Raises TargetError."""
     module, sep, attr = spec.rpartition(":")
     if not sep or not module or not attr:
-        raise TargetError(f"target {spec!r} is not MODULE:FUNCTION (e.g. kernel.fused:attention or "
+        raise TargetError(f"target {spec!r} is not MODULE:FUNCTION (e.g. flashcheck.kernel.fused:attention or "
                           f"examples/buggy_attention.py:attention)")
     if not all(part.isidentifier() for part in attr.split(".")):
         raise TargetError(f"target {spec!r}: {attr!r} is not a function name")
@@ -111,7 +120,7 @@ def import_file_as(path, name):
 def judge_safely(kernel, case, target):
     """oracle.judge, with anything that escapes it turned into a failure of this case (the oracle names
     what it knows; a kernel can still surprise it, e.g. by calling sys.exit)."""
-    from cases import oracle
+    from flashcheck.cases import oracle
 
     try:
         return oracle.judge(kernel, case, target=target)
@@ -124,7 +133,7 @@ def judge_safely(kernel, case, target):
 
 def target_info(kernel):
     """What the report needs to know about a loaded target and the backend it runs on."""
-    from cases import backend, oracle
+    from flashcheck.cases import backend, oracle
 
     return {"caps": oracle.Capabilities.of(kernel), "describe": backend.describe(),
             "backend": backend.backend()}
@@ -161,12 +170,9 @@ class Worker:
     def start(self):
         """Start the worker and import the target there. Returns target_info; raises TargetError."""
         self.log = tempfile.TemporaryFile()
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from cases.isolate import serve; serve()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env, cwd=os.getcwd())
+            python_command("from flashcheck.cases.runner.isolate import serve; serve()"),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, cwd=os.getcwd())
         self._send(("start", self.spec))
         try:
             reply = self._receive(START_TIMEOUT)
@@ -181,7 +187,7 @@ class Worker:
         return self.info
 
     def judge(self, case):
-        from cases import oracle
+        from flashcheck.cases import oracle
 
         if self.proc is None:
             try:
@@ -312,7 +318,7 @@ def serve():
             return ("stop",)
         return pickle.loads(inbox.read(_HEADER.unpack(header)[0]))
 
-    from cases.backend import select_backend
+    from flashcheck.cases.backend import select_backend
 
     select_backend()
     _, spec = receive()

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cases import inputs as inp
-from cases import oracle
-from reference.numpy_ref import visible
+from flashcheck.cases import inputs as inp
+from flashcheck.cases import oracle
+from flashcheck.reference.numpy_ref import visible
 
 # judge's invariant layer re-checks relations this module states one by one; skipping it saves 3-4 runs
 REFERENCE_LAYERS = ("reference", "hand", "poison", "guards")
@@ -48,7 +48,7 @@ REFERENCE_LAYERS = ("reference", "hand", "poison", "guards")
 class PropertyFailure:
     prop: str
     target: str
-    case: object              # cases.case.Case
+    case: object              # flashcheck.cases.case.Case
     failure: oracle.Failure
     detail: str = ""          # the relation's parameters, e.g. "keys permuted by ('swap', 0, 3)"
     repro: str = ""           # how to re-check it
@@ -91,7 +91,7 @@ class Trial:
     once and shared by every property checked on the case."""
 
     def __init__(self, kernel, case, *, device=None, target="kernel"):
-        from cases.backend import device as active_device
+        from flashcheck.cases.backend import device as active_device
 
         self.kernel, self.case, self.target = kernel, case, target
         self.device = device or active_device()
@@ -195,7 +195,7 @@ def _checked(name, kernel, case, trial, target, body, detail="", repro=""):
 
 def _repro(fn, param=None):
     extra = "" if param is None else f", {param!r}"
-    return f"cases.properties.{fn}(kernel, <the case above>{extra})"
+    return f"flashcheck.cases.generate.properties.{fn}(kernel, <the case above>{extra})"
 
 
 def _same_lse(got, base, e_got, e_base, shift=0.0):
@@ -410,7 +410,7 @@ class Property:
 def _param_strategies():
     """Each parametrized property's parameter strategy (a function of the case). Imported late: the
     properties themselves need no hypothesis."""
-    from cases import strategies as S
+    from flashcheck.cases.generate import strategies as S
 
     return {"permutation": lambda c: S.key_permutations(c.Nk), "v_scaling": lambda c: S.v_factors(),
             "v_shift": lambda c: S.v_shifts(), "scale_equivariance": lambda c: S.q_factors(),
@@ -485,7 +485,7 @@ def search(kernel, examples, *, other=None, names=None, target="kernel", shrink=
     from hypothesis import strategies as st
     from hypothesis.errors import Flaky
 
-    from cases import strategies as S
+    from flashcheck.cases.generate import strategies as S
 
     case_options.setdefault("kernels", ("fused", "unfused") if other is not None else ("fused",))
     found, tried = [], [0]

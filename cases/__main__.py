@@ -1,5 +1,0 @@
-import sys
-
-from cases.cli import main
-
-sys.exit(main())
