@@ -8,6 +8,10 @@ import os
 import sys
 
 
+class BackendError(Exception):
+    """The backend asked for cannot be had (a usage error: the CLI exits with 2)."""
+
+
 def _visible_gpu_ids():
     """The GPU ids this process may use, counted through NVML so that CUDA is not initialised yet."""
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
@@ -27,7 +31,7 @@ def select_backend():
     """Choose and set up the backend; returns "gpu" or "cpu". Idempotent."""
     chosen = os.environ.get("FLASHCHECK_BACKEND", "").lower()
     if chosen not in ("", "cpu", "gpu"):
-        raise SystemExit(f"FLASHCHECK_BACKEND must be cpu or gpu, got {chosen!r}")
+        raise BackendError(f"FLASHCHECK_BACKEND must be cpu or gpu, got {chosen!r}")
     if chosen == "cpu" and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
         # a kernel module imported under the other backend keeps it; say so instead of mixing the two
         print("flashcheck: triton was imported before the backend was chosen", file=sys.stderr)
@@ -37,7 +41,9 @@ def select_backend():
         os.environ["FLASHCHECK_BACKEND"] = "cpu"
         return "cpu"
     if not ids:
-        raise SystemExit("FLASHCHECK_BACKEND=gpu but no CUDA device is visible")
+        raise BackendError("the GPU backend was asked for (--backend gpu or FLASHCHECK_BACKEND=gpu), but torch sees no "
+                           "CUDA device here (torch.cuda.is_available() is False); run on a machine with a GPU, "
+                           "or use --backend cpu (Triton's interpreter)")
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw") and len(ids) > 1 and "FLASHCHECK_PINNED" not in os.environ:
         n = int(worker[2:])

@@ -9,6 +9,10 @@ from dataclasses import dataclass
 import torch
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# A catalogue case's dtype says which dtypes it is about: None (the default), every dtype the kernel declares;
+# "half", fp16 and bf16; a dtype's name, that dtype alone (the dtype is the point of the case). Expanded, each
+# instance has one dtype and a name saying it: partial_last_key_block[fp16].
+EXPANSIONS = {None: tuple(DTYPES), "half": ("fp16", "bf16")}
 # q, k, v, out each sit in a buffer of their own; the layout says how (see cases/inputs.py):
 LAYOUTS = ("contiguous", "bthd", "gapped", "d_major", "mixed")
 DATA = ("randn", "large", "very_negative", "equal_scores", "explicit", "nan_input")
@@ -23,7 +27,7 @@ class Case:
     Nq: int = 16
     Nk: int = 16
     D: int = 16
-    dtype: str = "fp32"
+    dtype: str = None            # see EXPANSIONS; a case that runs is concrete (fp32 when None)
     causal: bool = False
     scale: float = None
     layout: str = "contiguous"
@@ -43,8 +47,8 @@ class Case:
     sample_heads: int = 0        # > 0, huge cases: inputs made on the device, this many (b, h) judged
 
     def __post_init__(self):
-        if self.dtype not in DTYPES:
-            raise ValueError(f"case {self.name}: dtype {self.dtype!r} not in {sorted(DTYPES)}")
+        if self.dtype not in DTYPES and self.dtype not in EXPANSIONS:
+            raise ValueError(f"case {self.name}: dtype {self.dtype!r} not in {sorted(DTYPES)} (or None, 'half')")
         if self.layout not in LAYOUTS:
             raise ValueError(f"case {self.name}: layout {self.layout!r} not in {LAYOUTS}")
         if self.data not in DATA:
@@ -56,7 +60,20 @@ class Case:
 
     @property
     def torch_dtype(self):
-        return DTYPES[self.dtype]
+        return DTYPES[self.dtype or "fp32"]
+
+    @property
+    def dtypes(self):
+        """The dtypes this case is about (one, for a concrete case)."""
+        return EXPANSIONS[self.dtype] if self.dtype in EXPANSIONS else (self.dtype,)
+
+    def instances(self, allowed=None):
+        """The concrete cases of this one, one per dtype it is about (and `allowed` admits), named
+        name[dtype]; a case with one dtype of its own is its own instance."""
+        if self.dtype in DTYPES:
+            return [self] if allowed is None or self.dtype in allowed else []
+        return [self.replace(name=f"{self.name}[{d}]", dtype=d) for d in self.dtypes
+                if allowed is None or d in allowed]
 
     @property
     def flops(self):

@@ -42,8 +42,6 @@ CATALOGUE = [
     Case("nk_lt_block_n", why="fewer keys than one block: the only key block is partial",
          Nq=40, Nk=7, D=16, seed=4),
     *[Case(f"head_dim_{d}", why=_DIM_WHY[d], Nq=19, Nk=23, D=d, seed=10 + d) for d in sorted(_DIM_WHY)],
-    Case("head_dim_2_fp16", why=_DIM_WHY[2] + "; fp16 tensor-core dot", Nq=19, Nk=23, D=2, dtype="fp16",
-         seed=5),
     Case("cross_nq_gt_nk",
          why="cross-attention, Nq > Nk: grid, row mask, store use Nq; loop, K/V mask, score mask use Nk (seed)",
          Nq=48, Nk=20, D=16, block_m=16, block_n=16, seed=6),
@@ -91,7 +89,7 @@ CATALOGUE = [
     Case("fp16_many_key_blocks",
          why="fp16 over 512 key blocks: the running state (l, acc) must stay fp32 between blocks; rounded to "
              "fp16 at each block, V = 1 drifts from 1 by 2^-8",
-         Nq=32, Nk=8192, D=16, dtype="fp16", block_m=16, block_n=16, seed=55),
+         Nq=32, Nk=8192, D=16, dtype="half", block_m=16, block_n=16, seed=55),
     Case("causal_block_m_gt_block_n",
          why="causal with BLOCK_M > BLOCK_N (the GPU's default tiles are 128 x 64): the last key a query block "
              "sees is bounded by its BLOCK_M rows, not by BLOCK_N (200 rows: past one 128-row block)",
@@ -135,41 +133,58 @@ CATALOGUE = [
          why="q, k, v, out in different layouts with several key blocks at the kernel's own tiles: a pointer "
              "advanced by another tensor's row stride shows from the second block on",
          B=2, H=3, Nq=19, Nk=150, D=16, layout="mixed", seed=43),
-    Case("fp16", why="fp16 inputs: fp32 accumulation, output in fp16", B=2, H=2, Nq=37, Nk=45, D=64,
-         dtype="fp16", seed=31),
-    Case("fp16_causal_cross", why="fp16, causal, Nq < Nk", Nq=29, Nk=64, D=32, dtype="fp16", causal=True,
-         seed=32),
-    Case("bf16", why="bf16 inputs: fp32 accumulation, output in bf16", B=2, H=2, Nq=37, Nk=45, D=64,
-         dtype="bf16", seed=33,
-         gpu_only="bf16: Triton's interpreter reads bfloat16 wrongly (triton 3.9), only the GPU can judge it"),
-    Case("bf16_causal_cross", why="bf16, causal, Nq > Nk", Nq=64, Nk=29, D=32, dtype="bf16", causal=True,
-         seed=34, gpu_only="bf16: Triton's interpreter reads bfloat16 wrongly (triton 3.9)"),
+    Case("batch_heads_d64", why="B = H = 2 at D = 64 (the common head dim) with partial blocks: in fp16/bf16 "
+         "the tensor-core path, fp32 accumulation, output in the input dtype",
+         B=2, H=2, Nq=37, Nk=45, D=64, seed=31),
+    Case("causal_cross_d32", why="causal with Nq < Nk at D = 32", Nq=29, Nk=64, D=32, causal=True, seed=32),
+    Case("causal_cross_nq_gt_nk_d32", why="causal with Nq > Nk at D = 32: the first rows see no key",
+         Nq=64, Nk=29, D=32, causal=True, seed=34),
     Case("fp32_precision",
          why="fp32 dots need input_precision='ieee'; tf32 keeps 10 mantissa bits (~1e-3 error) and must fail "
              "the fp32 tolerance (seed: tl.dot constraints). On the CPU the interpreter is always exact",
-         Nq=64, Nk=64, D=128, seed=35),
+         Nq=64, Nk=64, D=128, dtype="fp32", seed=35),
     Case("nan_input_propagates", why="a NaN in one query row makes that row NaN, and only that row",
          Nq=20, Nk=24, D=16, data="nan_input", seed=36),
     Case("empty_queries", why="Nq = 0 is legal and gives an empty output", Nq=0, Nk=8, D=16, seed=37),
     Case("long_sequence", why="a realistic size: many programs and key blocks with the default tiles",
-         B=2, H=4, Nq=1024, Nk=1024, D=64, dtype="fp16", causal=True, seed=38,
+         B=2, H=4, Nq=1024, Nk=1024, D=64, causal=True, seed=38,
          gpu_only="size: the interpreter would take minutes"),
     Case("offsets_over_2_31",
          why="B*H*N*D > 2^31 elements: batch/head offsets computed in int32 wrap around and read another "
              "head (or fault); eight (b, h) pairs judged, the last included. (Exactly 2^31 elements is not "
              "enough: the largest offset is then 2^31 - 1, which int32 still holds)",
-         B=1040, H=32, Nq=512, Nk=512, D=128, dtype="fp16", seed=40, sample_heads=8,
+         B=1040, H=32, Nq=512, Nk=512, D=128, dtype="half", seed=40, sample_heads=8,
          gpu_only="size: 4 GiB per tensor, beyond the interpreter"),
     Case("long_cross_decode", why="decode-like: few queries, many keys, default tiles", B=2, H=4, Nq=3,
-         Nk=4099, D=128, dtype="fp16", seed=39, gpu_only="size: the interpreter would take minutes"),
+         Nk=4099, D=128, seed=39, gpu_only="size: the interpreter would take minutes"),
 ]
 
 BY_NAME = {c.name: c for c in CATALOGUE}
 assert len(BY_NAME) == len(CATALOGUE), "catalogue names must be unique"
 
 
+def instances(dtypes=None, cases=None):
+    """Every concrete case of the catalogue (or of `cases`), in catalogue order, each entry expanded into
+    the dtypes it is about that `dtypes` admits (default: all): partial_last_key_block[fp32], [fp16], ..."""
+    return [i for c in (CATALOGUE if cases is None else cases) for i in c.instances(dtypes)]
+
+
+def primary(case):
+    """The instance of an entry the bug corpus judges: the first dtype it is about (fp32 when it is about
+    every dtype: the tightest tolerance)."""
+    return case.instances()[0]
+
+
 def get(name):
+    """A catalogue case by name: an entry's name gives its primary instance, name[dtype] that instance."""
+    base, _, dtype = name.partition("[")
     try:
-        return BY_NAME[name]
+        entry = BY_NAME[base]
     except KeyError:
         raise KeyError(f"no catalogue case named {name!r}") from None
+    if not dtype:
+        return primary(entry)
+    for inst in entry.instances():
+        if inst.name == name:
+            return inst
+    raise KeyError(f"catalogue case {base!r} has no instance {name!r} (it is about {', '.join(entry.dtypes)})")

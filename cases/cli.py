@@ -32,7 +32,7 @@ def run(args):
         if args.gpu_only and not c.gpu_only:
             continue
         tag = " [gpu]" if c.gpu_only else ""
-        print(f"{c.name}{tag}\n    {c.source()}\n    why: {c.why}")
+        print(f"{c.name}{tag}  ({', '.join(i.name for i in c.instances())})\n    {c.source()}\n    why: {c.why}")
     return 0
 
 
@@ -53,9 +53,13 @@ def main(argv=None):
 
     if args.backend:
         os.environ["FLASHCHECK_BACKEND"] = args.backend
-    from flashcheck.cases.backend import select_backend
+    from flashcheck.cases.backend import BackendError, select_backend
 
-    select_backend()
+    try:
+        select_backend()
+    except BackendError as exc:
+        print(f"flashcheck: {exc}", file=sys.stderr)
+        return 2
     return importlib.import_module(SUBCOMMANDS[args.command][0]).run(args)
 
 

@@ -118,13 +118,18 @@ def values(case, device="cpu"):
         q, k, v = tile(case.q, Nq), tile(case.k, Nk), tile(case.v, Nk)
     else:
         q, k, v = randn(B, H, Nq, D), randn(B, H, Nk, D), randn(B, H, Nk, D)
+        half = case.torch_dtype != torch.float32
         if case.data == "large":
-            # raw scores q.k of about +-1e4: exp overflows unless the running max is subtracted
-            amp = (1e4 / D ** 0.5) ** 0.5
+            # raw scores q.k of about +-1e4 (+-1e3 in fp16/bf16: fp16 scores overflow past 65504 and bf16's 8
+            # bits cannot resolve larger ones): exp overflows unless the running max is subtracted
+            amp = ((1e3 if half else 1e4) / D ** 0.5) ** 0.5
             q, k = q * amp, k * amp
         elif case.data == "very_negative":
-            # every raw score about -1e4: exp underflows to 0 and 0/0 unless the max is subtracted
-            q[..., 0], k[..., 0] = 100.0, -100.0
+            # every raw score about -1e4 (in fp16/bf16, every scaled score about -150: far enough below
+            # exp's underflow at -104, and within what half-precision scores resolve): exp underflows to 0
+            # and 0/0 unless the max is subtracted
+            big = (150.0 * D ** 0.5) ** 0.5 if half else 100.0
+            q[..., 0], k[..., 0] = big, -big
         elif case.data == "equal_scores":
             k = k[:, :, :1, :].expand(B, H, Nk, D).clone()   # one key repeated: every score of a row equal
         elif case.data == "nan_input":
@@ -153,3 +158,26 @@ def make_inputs(case, device, qkv=None, guard_fill=float("nan")):
     out = guarded(tuple(q.shape), dt, device, tensor_layout(case.layout, "out"), SENTINEL)
     int_view(out.t).fill_(poison_bits(dt))
     return Inputs(made["q"], made["k"], made["v"], out)
+
+
+def _storage_elements(layout, shape):
+    storage_shape, _, _ = _geometry(layout, *shape)
+    n = 1
+    for s in storage_shape:
+        n *= s
+    return n + 2 * guard_size(shape)
+
+
+def footprint(case):
+    """(device bytes, host bytes) judging this case takes: the guarded q, k, v and output with the snapshots
+    of their bits the guard checks compare against, the kernel's own output, and on the host the float64
+    reference of the judged heads (a few (Nq, Nk) arrays per head). What a case needs, before it starts."""
+    elt = torch.finfo(case.torch_dtype).bits // 8
+    shapes = {"q": (case.B, case.H, case.Nq, case.D), "k": (case.B, case.H, case.Nk, case.D),
+              "v": (case.B, case.H, case.Nk, case.D), "out": (case.B, case.H, case.Nq, case.D)}
+    guarded = sum(_storage_elements(tensor_layout(case.layout, n), s) for n, s in shapes.items())
+    plain = case.B * case.H * (2 * case.Nq + 2 * case.Nk) * case.D
+    device = elt * (2 * guarded + plain)
+    heads = case.sample_heads or case.B * case.H
+    host = 8 * heads * (10 * case.Nq * case.Nk + 6 * (case.Nq + case.Nk) * case.D)
+    return device, host

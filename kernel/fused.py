@@ -234,3 +234,8 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
             IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0, INPUT_PRECISION="ieee",
             num_warps=num_warps, num_stages=num_stages)
     return (out, lse) if return_lse else out
+
+
+# What flashcheck verify should know about this kernel (docs/design.md: declarations): its scores stay in fp32,
+# so half-precision cases are judged without the allowance for scores rounded to the input dtype.
+attention.flashcheck_declarations = {"fp32_scores": True}

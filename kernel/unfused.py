@@ -125,3 +125,8 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
         s, v, out, *s.stride(), *v.stride(), *out.stride(), H, Nq, Nk,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, HEAD_DIM=D, INPUT_PRECISION="ieee")
     return (out, lse) if return_lse else out
+
+
+# What flashcheck verify should know about this kernel (docs/design.md: declarations): its scores stay in fp32,
+# so half-precision cases are judged without the allowance for scores rounded to the input dtype.
+attention.flashcheck_declarations = {"fp32_scores": True}

@@ -21,7 +21,7 @@ MISBEHAVIOURS = {
     7: ("writes_past_output", "out-of-bounds write"),
     8: ("returns_nan", "NaN"),
     9: ("hangs", "timeout"),
-    10: ("segfaults", "crash"),   # "device fault" on the GPU
+    10: ("segfaults", "crash"),   # a crash on the GPU too: a host segfault is no device fault
 }
 
 

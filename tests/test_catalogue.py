@@ -1,23 +1,29 @@
-"""Every catalogue case through the whole oracle, for the fused kernel and the unfused baseline."""
+"""Every catalogue case, in every dtype it is about, judged as verify judges (the oracle's layers, then the
+properties), for the fused kernel and the unfused baseline."""
 import pytest
 
-from flashcheck.cases import catalogue, oracle
+from flashcheck.cases import catalogue
+from flashcheck.cases.declarations import Declarations
+from flashcheck.cases.verify.engine import TRITON_BF16
+from flashcheck.cases.verify.judging import Settings, judge_case
 from flashcheck.kernel import fused, unfused
 
 KERNELS = {"fused": fused.attention, "unfused": unfused.attention}
 
 
 def _param(case):
-    marks = [pytest.mark.gpu] if case.gpu_only else []
+    marks = [pytest.mark.gpu] if case.gpu_only or case.dtype == "bf16" else []
     return pytest.param(case, id=case.name, marks=marks)
 
 
 @pytest.mark.parametrize("kernel", sorted(KERNELS))
-@pytest.mark.parametrize("case", [_param(c) for c in catalogue.CATALOGUE])
+@pytest.mark.parametrize("case", [_param(c) for c in catalogue.instances()])
 def test_case(kernel, case, backend):
-    if case.gpu_only and backend != "gpu":
-        pytest.skip(case.gpu_only)
-    verdict = oracle.judge(KERNELS[kernel], case, target=f"kernel.{kernel}:attention")
+    if backend != "gpu" and (case.gpu_only or case.dtype == "bf16"):
+        pytest.skip(case.gpu_only or TRITON_BF16)
+    attention = KERNELS[kernel]
+    verdict = judge_case(attention, case, Settings(target=f"kernel.{kernel}:attention",
+                                                   decl=Declarations.of(attention)))
     assert verdict.passed, verdict.report()
 
 
@@ -34,7 +40,7 @@ def test_hand_value_is_exactly_7_5(device):
 
 def test_catalogue_covers_the_issue_checklist():
     """The cases the foundation issue requires are all present (a deleted case fails here)."""
-    by = catalogue.BY_NAME
+    by = {c.name: c for c in catalogue.instances()}
     dims = {c.D for c in catalogue.CATALOGUE}
     assert {1, 2, 3, 16, 17, 59, 64, 111, 128, 256} <= dims
     assert any(c.Nq > c.Nk for c in by.values()) and any(c.Nq < c.Nk for c in by.values())

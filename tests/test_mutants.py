@@ -32,11 +32,11 @@ def _param(m):
 def test_mutant_is_killed(mutant):
     results = mutants.kill(mutant)
     broken = [(c.name, v.failures[0].line()) for c, v in results
-              if not v.passed and _TEXT_ERRORS.search(v.failures[0].message)]
+              if v.failed and _TEXT_ERRORS.search(v.failures[0].message)]
     assert not broken, (f"mutant {mutant.name}: its transformed source does not run, so its kills prove nothing: "
                         f"{broken}\n{mutants.diff(mutant)}")
-    survived = [c.name for c, v in results if v.passed]
-    kills = ", ".join(f"{c.name} ({v.kind})" for c, v in results if not v.passed) or "none"
+    survived = [c.name for c, v in results if not v.failed]
+    kills = ", ".join(f"{c.name} ({v.kind})" for c, v in results if v.failed) or "none"
     assert not survived, (
         f"SURVIVOR: mutant {mutant.name} (kernel/{mutant.module}.py) was not killed by its named killer(s) "
         f"{', '.join(survived)}: each passed the whole oracle.\n"
@@ -65,8 +65,11 @@ def test_drift_names_the_mutant_and_the_count(find, count):
         mutants.source(later)
 
 
+CORPUS_SIZE = 49   # the corpus only grows: a mutant removed must say why in its commit, and lower this
+
+
 def test_corpus_records():
-    assert len(mutants.MUTANTS) >= 25
+    assert len(mutants.MUTANTS) >= CORPUS_SIZE, "a mutant was removed from the corpus"
     for m in mutants.MUTANTS:
         assert re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", m.name), m.name
         assert m.module in mutants.MODULES, m.name
@@ -74,13 +77,20 @@ def test_corpus_records():
 
 
 def test_every_killer_is_a_catalogue_case():
-    missing = [(m.name, k) for m in mutants.MUTANTS for k in m.killers if k not in catalogue.BY_NAME]
+    missing = []
+    for m in mutants.MUTANTS:
+        for k in m.killers:
+            try:
+                catalogue.get(k)
+            except KeyError:
+                missing.append((m.name, k))
     assert not missing, f"killers that are not in cases/catalogue.py: {missing}"
 
 
 def test_cpu_judgeable_mutants_have_cpu_judgeable_killers():
     """A mutant the interpreter can show must be killed there too: none of its killers may be GPU-only."""
-    bad = [(m.name, k) for m in mutants.MUTANTS if not m.gpu_only for k in m.killers if catalogue.get(k).gpu_only]
+    bad = [(m.name, k) for m in mutants.MUTANTS if not m.gpu_only for k in m.killers
+           if catalogue.get(k).gpu_only or catalogue.get(k).dtype == "bf16"]
     assert not bad, f"GPU-only killers of mutants the CPU judges: {bad}"
 
 
@@ -118,15 +128,16 @@ def test_isolated_verdicts_match_in_process():
            [(c.name, v.kind, v.failures[0].where if v.failures else None) for c, v in there]
 
 
-def test_a_crash_is_a_device_fault_of_that_case_only():
-    """A mutant that kills its process is reported as a device fault of the case it was judging; the next
-    case and the next mutant are judged by fresh processes as usual."""
+def test_a_crash_is_a_crash_of_that_case_only():
+    """A mutant that kills its process is reported as a crash of the case it was judging (the same kind
+    verify gives a kernel that segfaults: cases/oracle/kinds.py classify_death); the next case and the next
+    mutant are judged by fresh processes as usual."""
     crasher = _injected("probe_crash", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
     first, second = mutants.judge_isolated([(crasher, [catalogue.get("one_key"), catalogue.get("one_query")]),
                                             (mutants.get("scale_never"), [catalogue.get("custom_scale")])])
-    assert [(c.name, v.kind) for c, v in first] == [("one_key", "device fault"), ("one_query", "device fault")]
+    assert [(c.name, v.kind) for c, v in first] == [("one_key[fp32]", "crash"), ("one_query[fp32]", "crash")]
     assert "signal 11" in first[0][1].failures[0].message
-    assert [(c.name, v.kind) for c, v in second] == [("custom_scale", "mismatch")]
+    assert [(c.name, v.kind) for c, v in second] == [("custom_scale[fp32]", "mismatch")]
 
 
 def test_a_hang_is_a_timeout():

@@ -17,7 +17,7 @@ def judge(kernel, case=CASE):
 def test_real_kernel_passes():
     verdict = judge(fused.attention)
     assert verdict.passed, verdict.report()
-    assert 0 < verdict.tol < 1e-5   # fp32: tight enough that tf32 (~1e-3) fails
+    assert 0 < verdict.tol < 1e-4   # fp32: 10x under tf32's ~1e-3 (test_tf32_sized_error_fails_fp32 shows it fails)
 
 
 def test_mismatch_names_first_bad_element():
@@ -114,14 +114,23 @@ def test_lse_checked():
     assert verdict.kind == "lse"
 
 
-def test_invariants_need_no_reference():
-    """A kernel that returns the right answer for random V but not for V = 1 (rows not summing to 1) is
-    caught by the invariant layer even though the reference comparison passes."""
-    def wrong_for_constant_v(q, k, v, **kw):
-        out = fused.attention(q, k, v, **kw)
-        return out * 0.5 if bool((v == 1).all()) else out
-    verdict = judge(wrong_for_constant_v)
-    assert verdict.kind == "invariant" and "sum to 1" in verdict.report()
+def test_properties_catch_what_one_reference_run_cannot():
+    """A kernel that remembers its first answer for each shape passes the reference comparison (its first
+    call is right) and is caught by the properties verify runs next (V scaled, keys permuted: same shape)."""
+    from flashcheck.cases.verify.judging import Settings, judge_case
+
+    memory = {}
+
+    def remembers(q, k, v, **kw):
+        key = (tuple(q.shape), tuple(k.shape), q.dtype)
+        if key not in memory:
+            memory[key] = fused.attention(q, k, v, **kw).clone()
+        out = kw.get("out")
+        return out.copy_(memory[key]) if out is not None else memory[key].clone()
+    assert judge(remembers).passed
+    memory.clear()
+    verdict = judge_case(remembers, CASE, Settings(target="tests:remembers"))
+    assert verdict.kind == "invariant" and "property" in verdict.report(), verdict.report()
 
 
 def test_invariant_causal_future_keys():
@@ -135,11 +144,13 @@ def test_invariant_causal_future_keys():
 
 
 def test_tolerance_is_derived_per_dtype():
-    """fp16's tolerance comes from PyTorch's own fp16 error: far above fp32's, far below 1e-1."""
-    q, k, v = (t for t in oracle.inp.values(CASE.replace(dtype="fp16")))
-    e16 = oracle.expectation(CASE.replace(dtype="fp16"), (q, k, v), "cpu")
+    """fp16's tolerance comes from fp16's roundings: far above fp32's, far below the output itself."""
+    case16 = CASE.replace(dtype="fp16")
+    e16 = oracle.expectation(case16, oracle.inp.values(case16), "cpu")
     e32 = oracle.expectation(CASE, oracle.inp.values(CASE), "cpu")
-    assert 1e-4 < e16.tol < 1e-2 and e32.tol < 1e-5 and np.isfinite(e16.out).all()
+    assert e16.tol.shape == e16.out.shape and np.isfinite(e16.out).all()
+    assert 1e-4 < e16.tol.max() < 2e-2 and e32.tol.max() < 1e-4
+    assert e16.tol.max() < 0.1 * np.abs(e16.out).max()
 
 
 def test_case_source_round_trips():
@@ -152,7 +163,9 @@ def test_case_source_round_trips():
 def test_sampled_heads_map_failures_back():
     """Huge cases judge a spread sample of (b, h) pairs, the last included, and report real coordinates."""
     case = Case("sampled", B=2, H=3, Nq=9, Nk=11, D=8, seed=4, sample_heads=3)
-    assert oracle._heads(case)[0].tolist() == [0, 0, 1] and oracle._heads(case)[1].tolist() == [0, 2, 2]
+    from flashcheck.cases.oracle.layers import _heads
+
+    assert _heads(case)[0].tolist() == [0, 0, 1] and _heads(case)[1].tolist() == [0, 2, 2]
     assert judge(fused.attention, case).passed
 
     def wrong_last_head(q, k, v, **kw):
@@ -163,7 +176,7 @@ def test_sampled_heads_map_failures_back():
     assert verdict.kind == "mismatch" and verdict.failures[0].where == (1, 2, 4, 6)
 
 
-def test_every_failure_kind_has_a_kill_matrix_code():
-    from flashcheck.cases.corpus import cli as mutants_cli
-
-    assert set(oracle.KINDS) == set(mutants_cli.CODES)
+def test_every_failure_kind_has_its_own_kill_matrix_code():
+    codes = [k.code for k in oracle.Kind]
+    assert len(set(codes)) == len(codes) and all(len(c) == 1 for c in codes)
+    assert all(k.meaning for k in oracle.Kind)

@@ -14,10 +14,7 @@ import argparse
 import sys
 import time
 
-# one letter per failure kind in the matrix (cases/oracle.py KINDS)
-CODES = {"mismatch": "M", "NaN": "N", "unwritten": "U", "out-of-bounds read": "R", "out-of-bounds write": "W",
-         "input written": "I", "exception": "E", "compile error": "C", "device fault": "D", "bad return": "B",
-         "hand value": "H", "lse": "L", "invariant": "V", "timeout": "T", "crash": "X"}
+from flashcheck.cases.oracle.kinds import Kind
 
 
 def add_arguments(parser):
@@ -39,7 +36,6 @@ def add_arguments(parser):
     parser.add_argument("--extra-case", action="append", default=[], metavar="'Case(...)'",
                         help="judge with this proposed case besides the catalogue (repeatable; see "
                              "cases/case.py Case.source() for the syntax)")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
 
 
 def run(args):
@@ -50,8 +46,6 @@ def run(args):
     # mutants compute NaN and inf on purpose: NumPy's warnings from inside the interpreter are noise here
     warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.")
 
-    if args.worker:
-        return mutants.worker_main()
     if args.markdown:
         print(mutants.markdown())
         return 0
@@ -98,7 +92,10 @@ def _matrix(args):
         print("flashcheck mutants: the corpus no longer applies to the kernel:\n" + "\n".join(drift), file=sys.stderr)
         return 2
 
-    judgeable = [c for c in catalogue.CATALOGUE if not (c.gpu_only and be != "gpu")]
+    # each entry once, in the dtype the corpus judges it in (catalogue.primary); bf16 needs the GPU (Triton's
+    # interpreter reads bfloat16 wrongly)
+    judgeable = [catalogue.primary(c) for c in catalogue.CATALOGUE
+                 if not (c.gpu_only and be != "gpu") and not (be != "gpu" and catalogue.primary(c).dtype == "bf16")]
     judgeable += args.extra_cases
     judged = [m for m in chosen if not (m.gpu_only and be != "gpu")]
     skipped = [m for m in chosen if m not in judged]
@@ -116,7 +113,7 @@ def _matrix(args):
 
     def on_done(i, mutant, results):
         done[0] += 1
-        kills = sum(1 for _, v in results if not v.passed)
+        kills = sum(1 for _, v in results if v.failed)
         state = f"killed by {kills}/{len(results)}" if mutants.killed(results) else "SURVIVED"
         progress(f"[{done[0]:>3}/{len(tasks)}] {mutant.name:<30} {state:<18} "
                  f"{time.perf_counter() - t0:7.1f} s elapsed")
@@ -138,7 +135,7 @@ def _matrix(args):
 def _report(be, where, cases, tasks, outcomes, skipped, seconds, killers_only):
     rows = []
     for (m, judged_cases), results in zip(tasks, outcomes):
-        res = {c.name: {"kind": v.kind, "passed": v.passed, "seconds": round(v.seconds, 3),
+        res = {c.name: {"kind": str(v.kind), "passed": not v.failed, "seconds": round(v.seconds, 3),
                         "failure": v.failures[0].line() if v.failures else None} for c, v in results}
         kills = [n for n, r in res.items() if not r["passed"]]
         rows.append({"name": m.name, "module": m.module, "breaks": m.breaks, "origin": m.origin,
@@ -166,6 +163,13 @@ def _report(be, where, cases, tasks, outcomes, skipped, seconds, killers_only):
             "kills_by_case": kills_by_case}
 
 
+def _code(kind):
+    try:
+        return Kind(kind).code
+    except ValueError:     # an outcome that is not a failure
+        return "?"
+
+
 def _render(report):
     cases = report["cases"]
     rows = [r for r in report["mutants"] if not r["skipped"]]
@@ -173,7 +177,7 @@ def _render(report):
     width = max([len(r["name"]) for r in report["mutants"]] + [10]) + 2
     out = [f"Kill matrix: {len(rows)} mutants x {len(used)} cases on {report['where']} "
            f"({report['seconds']:.0f} s{', named killers only' if report['killers_only'] else ''})",
-           "cell: the failure kind of the kill (" + ", ".join(f"{v} {k}" for k, v in CODES.items())
+           "cell: the failure kind of the kill (" + ", ".join(f"{k.code} {k}" for k in Kind)
            + "); '.' survived; ' ' not run", ""]
     for i, c in enumerate(used):
         out.append(f"  {i + 1:>3} {c}")
@@ -183,7 +187,7 @@ def _render(report):
     out += [" " * width + tens, " " * width + units]
     for r in rows:
         cells = "".join(" " if c not in r["results"] else
-                        "." if r["results"][c]["passed"] else CODES.get(r["results"][c]["kind"], "?") for c in used)
+                        "." if r["results"][c]["passed"] else _code(r["results"][c]["kind"]) for c in used)
         n = sum(1 for x in r["results"].values() if not x["passed"])
         out.append(f"{r['name']:<{width}}{cells}  {n} kill{'s' if n != 1 else ''}")
     out.append("")

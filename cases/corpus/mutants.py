@@ -13,26 +13,20 @@ kernel source raises MutantDrift naming the mutant: a refactor of the kernel mus
 
 Judging: in-process on the CPU by default (the interpreter cannot fault a device, and every corpus mutant
 keeps its stray accesses inside the oracle's guard bands on the CPU-judgeable catalogue); on the GPU every
-mutant is judged in a worker subprocess (``python -m flashcheck mutants --worker``), so that an illegal memory
-access is reported as a "device fault" kill of that mutant and never poisons the CUDA context of anything
-else. isolate=True (``--isolate``) uses the workers on the CPU too: the sweep always does, since a
-generated mutant can write far outside the guard bands and corrupt the interpreter's own memory.
+mutant is judged in the worker processes of cases/runner/worker.py (the runner verify uses too), so that an
+illegal memory access is reported as a "device fault" kill of that mutant and never poisons the CUDA context
+of anything else. isolate=True (``--isolate``) uses the workers on the CPU too: the sweep always does, since
+a generated mutant can write far outside the guard bands and corrupt the interpreter's own memory.
 """
 import atexit
 import difflib
-import json
-import os
-import queue
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from flashcheck.cases.runner.isolate import import_file_as, python_command
+from flashcheck.cases.runner.target import import_file_as
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernel"   # flashcheck.kernel, in a checkout or a wheel
 MODULES = {"fused": KERNEL_DIR / "fused.py", "unfused": KERNEL_DIR / "unfused.py"}
@@ -140,6 +134,12 @@ def target(mutant):
     return f"mutant {mutant.name} (kernel/{mutant.module}.py)"
 
 
+def spec(mutant):
+    """What the runner loads for a mutant: its name for one of the corpus, the Mutant itself for a generated
+    one (the sweep's)."""
+    return f"mutant:{mutant.name}" if BY_NAME.get(mutant.name) == mutant else mutant
+
+
 def _cases(mutant, cases):
     from flashcheck.cases import catalogue
 
@@ -147,11 +147,11 @@ def _cases(mutant, cases):
 
 
 def kill(mutant, cases=None, *, isolate=None, timeout=None):
-    """Judge the mutant's attention with flashcheck.cases.oracle.judge on its killers (or on the given cases: Case
-    objects or catalogue names). Returns [(case, Verdict)]; the mutant is killed iff some verdict failed.
+    """Judge the mutant's attention with flashcheck.cases.oracle.judge on its killers (or on the given cases:
+    Case objects or catalogue names). Returns [(case, Verdict)]; the mutant is killed iff some verdict failed.
 
-    isolate (default: on the GPU backend) runs the judging in a worker subprocess: a device fault there
-    is a "device fault" kill of this mutant and leaves this process's CUDA context intact."""
+    isolate (default: on the GPU backend) runs the judging in the worker processes of cases/runner/worker.py:
+    a device fault or a crash there is a kill of this mutant and leaves this process intact."""
     from flashcheck.cases.backend import backend
 
     cases = _cases(mutant, cases)
@@ -159,245 +159,61 @@ def kill(mutant, cases=None, *, isolate=None, timeout=None):
         isolate = backend() == "gpu"
     if isolate:
         return judge_isolated([(mutant, cases)], timeout=timeout)[0]
-    from flashcheck.cases import oracle
-
     attention = load(mutant).attention
-    return [(c, oracle.judge(attention, c, target=target(mutant))) for c in cases]
+    return [(c, judge_in_worker(attention, c, target(mutant))) for c in cases]
 
 
 def killed(results):
     """Whether kill()'s results kill the mutant: some verdict failed."""
-    return any(not v.passed for _, v in results)
+    return any(v.failed for _, v in results)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Isolation: worker subprocesses that judge mutants and stream verdicts back as JSON lines.
-#
-# A task is (mutant, cases). The worker (``python -m flashcheck mutants --worker``) imports Torch, Triton and
-# the oracle once, then forks a fresh child per task: a mutant that corrupts memory (an out-of-bounds
-# write in the interpreter, a stray write on the GPU) or faults the device takes only its own child
-# down, and the next mutant starts clean. The child emits one verdict per case as soon as it is judged;
-# when it dies, the first case without a verdict is the culprit and is recorded as a "device fault"
-# kill, and the cases left go to a new child. A worker silent for longer than the timeout is killed with
-# its child ("timeout") and replaced. The worker itself never initialises CUDA, so forking is safe.
+def judge_in_worker(attention, case, name):
+    """The verdict of one case on a mutant, judged exactly as verify judges a kernel (the oracle's layers,
+    then the properties); a mutant is one of our kernels and carries their declarations."""
+    from flashcheck.cases.declarations import Declarations
+    from flashcheck.cases.verify.judging import Settings, judge_case
 
-EVENT = "FLASHCHECK-EVENT "
-DEFAULT_TIMEOUT = 600.0      # seconds without a verdict before a worker is declared hung
+    return judge_case(attention, case, Settings(target=name, decl=Declarations.of(attention)))
 
 
-def _verdict_json(v):
-    return {"target": v.target, "max_err": v.max_err, "tol": v.tol, "reduced": list(v.reduced),
-            "seconds": v.seconds,
-            "failures": [{"kind": f.kind, "message": f.message,
-                          "where": list(f.where) if f.where is not None else None,
-                          "got": f.got, "expected": f.expected, "tol": f.tol} for f in v.failures]}
+DEFAULT_TIMEOUT = 600.0      # seconds a case may take before the worker is declared hung
 
 
-def _verdict_from_json(case, d):
-    from flashcheck.cases.oracle import Failure, Verdict
+def _judge_task(worker, mutant, cases, stop_at_first, timeout, on_verdict):
+    from flashcheck.cases.oracle import Failure, Kind, Verdict
+    from flashcheck.cases.runner.worker import Died, Hung, Raised
 
-    failures = [Failure(f["kind"], f["message"], tuple(f["where"]) if f["where"] is not None else None,
-                        f["got"], f["expected"], f["tol"]) for f in d["failures"]]
-    return Verdict(case, d["target"], failures, d["max_err"], d["tol"], list(d["reduced"]), d["seconds"])
-
-
-def _failed_verdict(case, mutant, kind, message):
-    from flashcheck.cases.oracle import Failure, Verdict
-
-    return Verdict(case, target(mutant), [Failure(kind, message)])
-
-
-def _emit(task, obj):
-    sys.stdout.write(EVENT + json.dumps(dict(obj, task=task["task"])) + "\n")
-    sys.stdout.flush()
-
-
-def _fault_text(exc):
-    text = f"{type(exc).__name__}: {exc}"
-    return text if any(s in text for s in ("CUDA error", "illegal memory access", "unspecified launch")) else None
-
-
-def _judge_task(task):
-    """In the forked child: judge one task, emitting its events."""
-    from flashcheck.cases import oracle
-    from flashcheck.cases.case import parse_case
-
-    mutant = Mutant.from_json(task["mutant"])
-    try:
-        attention = load(mutant).attention
-    except Exception as exc:  # drift, or a generated mutant that does not import: the caller decides
-        _emit(task, {"type": "error",
-                     "message": f"mutant {mutant.name} could not be loaded: {type(exc).__name__}: {exc}"})
-        return
-    for text in task["cases"]:
-        case = parse_case(text)
+    worker.open(spec(mutant))
+    results = []
+    for case in cases:
         try:
-            verdict = oracle.judge(attention, case, target=target(mutant))
-        except Exception as exc:  # outside the kernel call: a dead CUDA context, or an oracle bug
-            fault = _fault_text(exc)
-            if fault is None:
-                _emit(task, {"type": "error", "message": f"oracle raised on {case.name} for mutant "
-                                                         f"{mutant.name}: {type(exc).__name__}: {exc}"})
-                return
-            verdict = _failed_verdict(case, mutant, "device fault", fault.splitlines()[0][:500])
-        _emit(task, {"type": "verdict", "verdict": _verdict_json(verdict)})
-        if verdict.kind == "device fault":
-            break      # this child's CUDA context is unusable: the cases left go to a fresh child
-        if task.get("stop_at_first") and not verdict.passed:
+            verdict = worker.call("flashcheck.cases.corpus.mutants:judge_in_worker", case, target(mutant),
+                                  timeout=timeout)
+        except Hung as exc:
+            verdict = Verdict(case, target(mutant), [Failure(Kind.TIMEOUT, str(exc))])
+        except Died as exc:
+            verdict = Verdict(case, target(mutant), [Failure(exc.kind, str(exc))])
+        except Raised as exc:
+            raise RuntimeError(f"the oracle raised on {case.name} for mutant {mutant.name}: {exc}") from None
+        results.append((case, verdict))
+        if on_verdict is not None:
+            on_verdict(mutant, case, verdict)
+        if stop_at_first and verdict.failed:
             break
-    _emit(task, {"type": "done"})
-
-
-def worker_main(stdin=None):
-    """The worker loop: tasks in on stdin, events out on stdout, one JSON object per line."""
-    import torch  # noqa: F401  (imported once here, so that every forked child starts warm)
-    import triton  # noqa: F401
-    from flashcheck.cases import catalogue, oracle  # noqa: F401
-
-    for line in stdin or sys.stdin:
-        if not line.strip():
-            continue
-        task = json.loads(line)
-        sys.stdout.flush()
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                _judge_task(task)
-            except BaseException:
-                import traceback
-
-                traceback.print_exc()
-                code = 1
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        rc = os.waitstatus_to_exitcode(status)
-        if rc != 0:
-            _emit(task, {"type": "crash", "rc": rc})
-    return 0
-
-
-class Worker:
-    """One worker subprocess (in a process group of its own, with the child it forks), replaced when it
-    hangs."""
-
-    def __init__(self):
-        self.proc = None
-        self.events = None
-        self.stderr = None
-        self.seq = 0
-
-    def _start(self):
-        if self.stderr is not None:
-            self.stderr.close()
-        self.stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(python_command("from flashcheck.cases.cli import main; main(['mutants', '--worker'])"),
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     text=True, bufsize=1, env=dict(os.environ), start_new_session=True)
-        self.events = queue.Queue()
-        threading.Thread(target=self._read, args=(self.proc, self.events), daemon=True).start()
-
-    @staticmethod
-    def _read(proc, events):
-        for line in proc.stdout:
-            if line.startswith(EVENT):
-                events.put(json.loads(line[len(EVENT):]))
-        events.put({"type": "exit", "rc": proc.wait()})
-
-    def _stderr_tail(self, n=500):
-        self.stderr.seek(0)
-        return self.stderr.read()[-n:].strip()
-
-    def _stop(self):
-        """Kill the worker and the child it forked (its process group), and forget it."""
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            self.proc.wait()
-            self.proc = None
-
-    def close(self):
-        if self.proc is not None:
-            try:
-                self.proc.stdin.close()
-                self.proc.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-            self._stop()
-
-    def _next(self, timeout):
-        """The next event of the current task (stale events of an earlier task are skipped), or None
-        when the worker stays silent for `timeout` seconds."""
-        while True:
-            try:
-                event = self.events.get(timeout=timeout)
-            except queue.Empty:
-                return None
-            if event["type"] == "exit" or event.get("task") == self.seq:
-                return event
-
-    def _died(self, case, mutant, rc, what):
-        how = f"signal {-rc} ({signal.Signals(-rc).name})" if rc < 0 else f"exit code {rc}"
-        tail = self._stderr_tail()
-        return _failed_verdict(case, mutant, "device fault", f"the {what} died ({how}) while judging this case"
-                               + (f"; stderr ends: {tail}" if tail else ""))
-
-    def judge(self, mutant, cases, stop_at_first=False, timeout=None, on_verdict=None):
-        """[(case, Verdict)] for the mutant on the cases (all of them, or up to the first kill)."""
-        timeout = timeout or DEFAULT_TIMEOUT
-        results, todo = [], list(cases)
-        while todo:
-            if self.proc is None:
-                self._start()
-            self.seq += 1
-            task = {"task": self.seq, "mutant": mutant.to_json(), "cases": [c.source() for c in todo],
-                    "stop_at_first": stop_at_first}
-            try:
-                self.proc.stdin.write(json.dumps(task) + "\n")
-                self.proc.stdin.flush()
-            except OSError:
-                pass   # the worker died already: its exit event says so below
-            progress = False
-            while todo:
-                event = self._next(timeout)
-                if event is not None and event["type"] == "done":
-                    if not progress:
-                        raise RuntimeError(f"the worker judged none of the cases of mutant {mutant.name}")
-                    break      # the child stopped after a device fault: a new child takes the cases left
-                if event is None:
-                    self._stop()
-                    verdict = _failed_verdict(todo[0], mutant, "timeout",
-                                              f"no verdict within {timeout:g} s: the worker was stopped")
-                elif event["type"] == "error":
-                    raise RuntimeError(event["message"])
-                elif event["type"] == "crash":
-                    verdict = self._died(todo[0], mutant, event["rc"], "judging process")
-                elif event["type"] == "exit":
-                    verdict = self._died(todo[0], mutant, event["rc"], "worker process")
-                    self._stop()
-                else:
-                    verdict = _verdict_from_json(todo[0], event["verdict"])
-                progress = True
-                results.append((todo[0], verdict))
-                if on_verdict is not None:
-                    on_verdict(mutant, todo[0], verdict)
-                todo = todo[1:]
-                if stop_at_first and not verdict.passed:
-                    return results
-                if event is None or event["type"] in ("crash", "exit"):
-                    break      # resend the cases left
-        return results
+    return results
 
 
 def judge_isolated(tasks, jobs=1, stop_at_first=False, timeout=None, on_done=None, on_verdict=None):
-    """Judge [(mutant, cases)] in `jobs` worker subprocesses. Returns the [(case, Verdict)] lists in the
-    order of the tasks; on_done(index, mutant, results) is called as each task finishes."""
+    """Judge [(mutant, cases)] in `jobs` workers (cases/runner/worker.py), each mutant in a child of its own.
+    Returns the [(case, Verdict)] lists in the order of the tasks; on_done(index, mutant, results) is called
+    as each task finishes. A mutant that no longer applies or does not import raises RuntimeError."""
+    import queue
+    import threading
+
+    from flashcheck.cases.runner.target import TargetError
+    from flashcheck.cases.runner.worker import Worker
+
     pending = queue.Queue()
     for i, task in enumerate(tasks):
         pending.put((i, task))
@@ -405,17 +221,20 @@ def judge_isolated(tasks, jobs=1, stop_at_first=False, timeout=None, on_done=Non
     errors = []
 
     def slot():
-        worker = Worker()
+        worker = Worker(timeout or DEFAULT_TIMEOUT)
         try:
             while not errors:
                 try:
                     i, (mutant, cases) = pending.get_nowait()
                 except queue.Empty:
                     return
-                out[i] = worker.judge(mutant, cases, stop_at_first, timeout, on_verdict)
+                try:
+                    out[i] = _judge_task(worker, mutant, cases, stop_at_first, timeout, on_verdict)
+                except TargetError as exc:
+                    raise RuntimeError(str(exc)) from None
                 if on_done is not None:
                     on_done(i, mutant, out[i])
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001  (re-raised in the caller's thread)
             errors.append(exc)
         finally:
             worker.close()
@@ -528,7 +347,7 @@ MUTANTS = [
            "return max(triton.next_power_of_2(D), 16)", "return triton.next_power_of_2(D)",
            "head-dim block next_power_of_2(D) without the floor of 16: tl.dot's contraction is below the "
            "GPU minimum for D < 16 and the kernel does not compile",
-           _SEED_DOT, ("head_dim_1", "head_dim_2", "head_dim_3", "head_dim_2_fp16"),
+           _SEED_DOT, ("head_dim_1", "head_dim_2", "head_dim_3", "head_dim_2[fp16]"),
            gpu_only="the interpreter runs tl.dot in NumPy for any size; only the GPU compiler enforces "
                     "the minimum of 16"),
     Mutant("head_dim_block_fixed_16", "fused",
@@ -737,7 +556,7 @@ MUTANTS = [
            "softmax reads what the buffer held. The buffer is zero-filled here so that the unwritten "
            "entries are deterministic: torch.empty could hand back the stale scores of the reference run "
            "and hide the bug by chance",
-           _SEED_UNFUSED + " (uninitialized buffer)", ("partial_last_key_block", "nk_lt_block_n", "fp16"),
+           _SEED_UNFUSED + " (uninitialized buffer)", ("partial_last_key_block", "nk_lt_block_n", "batch_heads_d64[fp16]"),
            edits=(("s = torch.empty((B, H, Nq, Nk)", "s = torch.zeros((B, H, Nq, Nk)"),)),
     Mutant("unfused_causal_top_left", "unfused",
            "offs_n[None, :] <= offs_m[:, None] + (Nk - Nq)", "offs_n[None, :] <= offs_m[:, None]",

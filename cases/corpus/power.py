@@ -12,14 +12,13 @@ unfused kernel and vice versa. --shrink also shrinks the killing case to a minim
 --property restricts the search to some properties (e.g. the metamorphic relations alone, without the
 reference, to measure what they catch with no oracle of record).
 
-Each mutant runs in a forked child: a mutant that corrupts memory (an interpreter store out of bounds) or
-faults the GPU takes down its child only, which counts as a kill ("crash"), as a hang past --timeout does.
-The parent never initialises CUDA, so forking is safe on the GPU backend too.
+Each mutant runs in a child of the runner of cases/runner/worker.py (the one verify uses): a mutant that
+corrupts memory (an interpreter store out of bounds) or faults the GPU takes down its child only, which counts
+as a kill ("crash" or "device fault"), as a hang past --timeout does ("timeout").
 """
 import argparse
 import json
 import os
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -41,107 +40,45 @@ class Outcome:
     seconds: float = 0.0
 
 
-def _hunt(mutant, examples, shrink, seed, props):
-    """In this process: search the properties for a failure of the mutant. Returns an Outcome."""
+def hunt(attention, mutant, examples, shrink, seed, props):
+    """Search the properties for a failure of the mutant (its loaded `attention`). Returns an Outcome as a
+    dict. Runs in the runner's child (or in this process with isolate=False)."""
     from flashcheck.cases.corpus import mutants
     from flashcheck.cases.generate import properties
     from flashcheck.kernel import fused, unfused
 
-    try:
-        attention = mutants.load(mutant).attention
-    except Exception as exc:  # drift (the kernel changed under it) or a mutant that does not import
-        return Outcome(mutant.name, mutant.module, "error", detail=f"{type(exc).__name__}: {exc}"[:500])
     other = fused.attention if mutant.module == "unfused" else unfused.attention
     result = properties.search(attention, examples, other=other, target=mutants.target(mutant),
                                names=props, shrink=shrink, seed=seed, kernels=("fused", "unfused"))
     f = result.failure
     if f is None:
-        return Outcome(mutant.name, mutant.module, "missed", examples=result.examples, seconds=result.seconds)
-    return Outcome(mutant.name, mutant.module, "killed", f.prop, f.failure.kind, f.failure.line()[:300],
-                   f.entry().source(), result.examples, result.seconds)
+        return asdict(Outcome(mutant.name, mutant.module, "missed", examples=result.examples,
+                              seconds=result.seconds))
+    return asdict(Outcome(mutant.name, mutant.module, "killed", f.prop, str(f.failure.kind),
+                          f.failure.line()[:300], f.entry().source(), result.examples, result.seconds))
 
 
-def _fork(fn):
-    """Run fn() in a forked child that writes its result, as JSON, to a pipe (a few hundred bytes, which the
-    pipe's buffer holds: the child never waits on the parent). Returns (pid, read end of the pipe); a child
-    whose fn raises prints the traceback and exits with 1, writing nothing."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_fd)
-        code = 0
-        try:
-            with os.fdopen(write_fd, "w") as pipe:
-                pipe.write(json.dumps(fn()))
-        except BaseException:
-            import traceback
+def _hunt_isolated(worker, mutant, examples, shrink, seed, props, timeout):
+    """hunt() in the runner's child; a child that dies or hangs kills the mutant (crash / timeout)."""
+    from flashcheck.cases.corpus import mutants
+    from flashcheck.cases.runner.target import TargetError
+    from flashcheck.cases.runner.worker import Died, Hung, Raised
 
-            traceback.print_exc()
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    return pid, read_fd
-
-
-def _start_hunt(mutant, examples, shrink, seed, props):
-    """Fork a child that runs _hunt and sends back its Outcome. Returns (pid, read end of the pipe, start
-    time)."""
     t0 = time.perf_counter()
-    pid, read_fd = _fork(lambda: asdict(_hunt(mutant, examples, shrink, seed, props)))
-    return pid, read_fd, t0
-
-
-def _finish_hunt(mutant, read_fd, status, t0):
-    """The Outcome of a child that has exited with this wait status; a child that died kills the mutant."""
-    with os.fdopen(read_fd) as pipe:
-        text = pipe.read()
-    rc = os.waitstatus_to_exitcode(status)
-    if rc == 0 and text:
-        return Outcome(**json.loads(text))
-    if rc < 0:
-        return Outcome(mutant.name, mutant.module, "killed", kind="crash",
-                       detail=f"the run died of signal {signal.Signals(-rc).name}",
+    try:
+        worker.open(mutants.spec(mutant))
+        return Outcome(**worker.call("flashcheck.cases.corpus.power:hunt", mutant, examples, shrink, seed, props,
+                                     timeout=timeout))
+    except TargetError as exc:   # drift (the kernel changed under it) or a mutant that does not import
+        return Outcome(mutant.name, mutant.module, "error", detail=str(exc)[:500])
+    except Died as exc:
+        return Outcome(mutant.name, mutant.module, "killed", kind=str(exc.kind), detail=str(exc)[:300],
                        seconds=time.perf_counter() - t0)
-    return Outcome(mutant.name, mutant.module, "error", detail=f"the search itself failed (exit code {rc}); "
-                                                               "see the traceback above")
-
-
-def _describe_in_child():
-    """flashcheck.cases.backend.describe() computed in a forked child: on the GPU, naming the device initialises CUDA,
-    after which a forked child can no longer use it, so the parent must not do it itself."""
-    from flashcheck.cases.backend import describe
-
-    pid, read_fd = _fork(describe)
-    with os.fdopen(read_fd) as pipe:
-        text = pipe.read()
-    os.waitpid(pid, 0)
-    return json.loads(text) if text else "(the backend could not be described)"
-
-
-def _hunt_forked(tasks, examples, shrink, seed, props, timeout, jobs, done):
-    """_hunt for each mutant of tasks in forked children, at most jobs at a time; a child that dies or hangs
-    past timeout kills its mutant (crash / timeout). done(index, outcome) is called as each one ends."""
-    pending = list(enumerate(tasks))
-    running = {}   # pid -> (index, mutant, read_fd, t0)
-    while pending or running:
-        while pending and len(running) < jobs:
-            i, m = pending.pop(0)
-            pid, fd, t0 = _start_hunt(m, examples, shrink, seed, props)
-            running[pid] = (i, m, fd, t0)
-        for pid, (i, m, fd, t0) in list(running.items()):
-            finished, status = os.waitpid(pid, os.WNOHANG)
-            if finished:
-                del running[pid]
-                done(i, _finish_hunt(m, fd, status, t0))
-            elif time.perf_counter() - t0 > timeout:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                os.close(fd)
-                del running[pid]
-                done(i, Outcome(m.name, m.module, "killed", kind="timeout",
-                                detail=f"no verdict within {timeout:.0f} s", seconds=time.perf_counter() - t0))
-        time.sleep(0.05)
+    except Hung:
+        return Outcome(mutant.name, mutant.module, "killed", kind="timeout", detail=f"no verdict within "
+                       f"{timeout:.0f} s", seconds=time.perf_counter() - t0)
+    except Raised as exc:
+        return Outcome(mutant.name, mutant.module, "error", detail=f"the search itself failed: {exc}"[:500])
 
 
 def measure(names=None, *, examples=DEFAULT_EXAMPLES, props=None, shrink=False, seed=None, isolate=True,
@@ -149,38 +86,54 @@ def measure(names=None, *, examples=DEFAULT_EXAMPLES, props=None, shrink=False, 
     """Outcomes of the properties (all, or those named in props) against the corpus (or the named
     mutants), in corpus order. jobs > 1 hunts that many mutants at once (isolated only); progress(outcome)
     is called as each one ends, in the order they end."""
-    from flashcheck.cases.corpus import mutants
+    import queue
+    import threading
+
     from flashcheck.cases.backend import backend
+    from flashcheck.cases.corpus import mutants
+    from flashcheck.cases.runner.worker import Worker
 
     chosen = [mutants.get(n) for n in names] if names else list(mutants.MUTANTS)
     outcomes = [None] * len(chosen)
+    lock = threading.Lock()
 
     def done(i, outcome):
-        outcomes[i] = outcome
-        if progress:
-            progress(outcome)
+        with lock:
+            outcomes[i] = outcome
+            if progress:
+                progress(outcome)
 
-    tasks = []
+    pending = queue.Queue()
     for i, m in enumerate(chosen):
         if m.gpu_only and backend() != "gpu":
             done(i, Outcome(m.name, m.module, "skipped", detail=f"GPU only: {m.gpu_only}"))
         elif not isolate:
-            done(i, _hunt(m, examples, shrink, seed, props))
+            try:
+                attention = mutants.load(m).attention
+            except Exception as exc:  # noqa: BLE001  (drift, or a mutant that does not import)
+                done(i, Outcome(m.name, m.module, "error", detail=f"{type(exc).__name__}: {exc}"[:500]))
+                continue
+            done(i, Outcome(**hunt(attention, m, examples, shrink, seed, props)))
         else:
-            tasks.append((i, m))
-    if tasks:
-        import torch
+            pending.put((i, m))
 
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            raise RuntimeError("CUDA is initialised in this process, so forked children cannot use the GPU: "
-                               "describe the device with _describe_in_child(), or pass isolate=False")
-        # imported once here so that every forked child starts warm (this initialises no CUDA context)
-        import flashcheck.cases.generate.properties  # noqa: F401
-        import flashcheck.kernel.fused  # noqa: F401
-        import flashcheck.kernel.unfused  # noqa: F401
+    def slot():
+        worker = Worker(timeout)
+        try:
+            while True:
+                try:
+                    i, m = pending.get_nowait()
+                except queue.Empty:
+                    return
+                done(i, _hunt_isolated(worker, m, examples, shrink, seed, props, timeout))
+        finally:
+            worker.close()
 
-        _hunt_forked([m for _, m in tasks], examples, shrink, seed, props, timeout, jobs,
-                     lambda k, outcome: done(tasks[k][0], outcome))
+    threads = [threading.Thread(target=slot, daemon=True) for _ in range(max(1, min(jobs, pending.qsize())))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
     return outcomes
 
 
@@ -254,7 +207,7 @@ def main(argv=None):
     if unknown:
         parser.error(f"no property named {', '.join(unknown)}; properties: {', '.join(NAMES)}")
     which = ", ".join(args.property) if args.property else "all properties"
-    where = describe() if args.no_isolate else _describe_in_child()
+    where = describe()
     print(f"flashcheck properties vs the bug corpus: {where}; {which}; up to {args.examples} cases per "
           f"mutant" + (f", {args.jobs} at a time" if args.jobs > 1 else ""), flush=True)
     t0 = time.perf_counter()

@@ -38,10 +38,10 @@ import torch
 
 from flashcheck.cases import inputs as inp
 from flashcheck.cases import oracle
+from flashcheck.cases.oracle.tolerance import Expectation
 from flashcheck.reference.numpy_ref import visible
 
-# judge's invariant layer re-checks relations this module states one by one; skipping it saves 3-4 runs
-REFERENCE_LAYERS = ("reference", "hand", "poison", "guards")
+REFERENCE_LAYERS = oracle.LAYERS
 
 
 @dataclass
@@ -78,6 +78,10 @@ class _Broken(Exception):
         self.failure = failure
 
 
+class _Declined(Exception):
+    """Internal: a run of the relation was declined (unsupported input, out of memory): nothing to check."""
+
+
 @dataclass
 class Run:
     """One kernel run: float64 output (B, H, Nq, D) and log-sum-exp (B, H, Nq), or None when the kernel
@@ -90,10 +94,10 @@ class Trial:
     """One kernel on one case: the case's inputs, their oracle expectation and the base run, each computed
     once and shared by every property checked on the case."""
 
-    def __init__(self, kernel, case, *, device=None, target="kernel"):
+    def __init__(self, kernel, case, *, device=None, target="kernel", conventions=oracle.Conventions()):
         from flashcheck.cases.backend import device as active_device
 
-        self.kernel, self.case, self.target = kernel, case, target
+        self.kernel, self.case, self.target, self.conventions = kernel, case, target, conventions
         self.device = device or active_device()
         self.qkv = inp.values(case)
         self._expect = None
@@ -104,9 +108,9 @@ class Trial:
         shape changed)."""
         if qkv is None:
             if self._expect is None:
-                self._expect = oracle.expectation(self.case, self.qkv, self.device)
+                self._expect = oracle.expectation(self.case, self.qkv, self.device, self.conventions)
             return self._expect
-        return oracle.expectation(case or self.case, qkv, self.device)
+        return oracle.expectation(case or self.case, qkv, self.device, self.conventions)
 
     def run(self, qkv=None, case=None, kernel=None):
         """One run on guarded, poisoned buffers; the base run (no arguments) is cached. Raises _Broken when
@@ -120,9 +124,12 @@ class Trial:
     def _run(self, kernel, case, qkv):
         caps = oracle.Capabilities.of(kernel)
         try:
-            _, result, lse, _ = oracle.call_kernel(kernel, case, caps, qkv, self.device)
+            call = oracle.call_kernel(kernel, case, caps, qkv, self.device)
         except oracle.RunFailed as stop:  # the oracle's own "this call failed" signal, carrying its Failure
             raise _Broken(stop.failure) from None
+        except oracle.Outcome as other:   # unsupported, out of memory: the relation cannot be checked
+            raise _Declined(other) from None
+        result, lse = call.result, call.lse
         unwritten = inp.is_poison(result).cpu().numpy()
         if unwritten.any():
             raise _Broken(oracle.Failure("unwritten", f"{int(unwritten.sum())} output element(s) never written",
@@ -152,9 +159,14 @@ def _f64(t):
     return t.detach().to("cpu", torch.float64)
 
 
-def _sees_key(case):
+def _shift(case, conventions):
+    """Query i sees keys j <= i + shift when causal (bottom-right: Nk - Nq; top-left: 0)."""
+    return case.Nk - case.Nq if conventions.causal_align == "bottom-right" else 0
+
+
+def _sees_key(case, conventions):
     """(Nq, 1) bool: which query rows see at least one key."""
-    return visible(case.Nq, case.Nk, case.causal).any(axis=1)[:, None]
+    return visible(case.Nq, case.Nk, case.causal, conventions.causal_align).any(axis=1)[:, None]
 
 
 def _relation(what, got, want, bound, compared=None, *, lse=None):
@@ -168,7 +180,8 @@ def _relation(what, got, want, bound, compared=None, *, lse=None):
         if compared is not None:
             rows = np.broadcast_to(compared, got.shape)[..., 0]
             want_l = np.where(rows, want_l, got_l)
-        failure, _ = oracle.compare(got_l[..., None], want_l[..., None], bound_l, what="invariant")
+        failure, _ = oracle.compare(got_l[..., None], want_l[..., None], np.asarray(bound_l)[..., None],
+                                    what="invariant")
         if failure is not None:
             failure.message = "log-sum-exp " + failure.message
     if failure is not None:
@@ -188,6 +201,8 @@ def _checked(name, kernel, case, trial, target, body, detail="", repro=""):
         failure = body(trial)
     except _Broken as broken:
         failure = broken.failure
+    except _Declined:
+        return None
     if failure is None:
         return None
     return PropertyFailure(name, trial.target, case, failure, detail, repro)
@@ -208,8 +223,8 @@ def _same_lse(got, base, e_got, e_base, shift=0.0):
 def reference(kernel, case, *, trial=None, target="kernel", device=None):
     """The kernel against the float64 reference, through the oracle (poisoned output and guard bands)."""
     verdict = oracle.judge(kernel, case, device=device or (trial.device if trial else None), target=target,
-                           layers=REFERENCE_LAYERS)
-    if verdict.passed:
+                           layers=REFERENCE_LAYERS, conventions=trial.conventions if trial else oracle.Conventions())
+    if not verdict.failed:
         return None
     return PropertyFailure("reference", target, case, verdict.failures[0], repro=verdict.repro())
 
@@ -279,7 +294,7 @@ def v_shift(kernel, case, shift=(1.0, 0), *, trial=None, target="kernel"):
         v2 = (_f64(v) + c).to(v.dtype)
         rounding = float((_f64(v2) - (_f64(v) + c)).abs().max()) if v.numel() else 0.0
         base, got, e0, e1 = t.run(), t.run((q, k, v2)), t.expect(), t.expect((q, k, v2))
-        want = np.where(_sees_key(case), base.out + c.numpy(), base.out)
+        want = np.where(_sees_key(case, t.conventions), base.out + c.numpy(), base.out)
         return _relation(f"V + c (c = {magnitude} * randn(D), seed {seed}) must give out + c", got.out, want,
                          e1.tol + e0.tol + rounding, lse=_same_lse(got, base, e1, e0))
     return _checked("v_shift", kernel, case, trial, target, body,
@@ -331,14 +346,17 @@ def duplication(kernel, case, *, trial=None, target="kernel"):
             case2 = case.replace(Nq=2 * case.Nq, Nk=2 * case.Nk)
             run2 = t.run((q2, k2, v2), case2)
             got = Run(run2.out[:, :, 1::2], None if run2.lse is None else run2.lse[:, :, 1::2])
+            e1 = t.expect((q2, k2, v2), case2)
+            e1 = Expectation(e1.out[:, :, 1::2], e1.lse[:, :, 1::2], e1.tol[:, :, 1::2],
+                                              e1.tol_lse[:, :, 1::2])
         else:
             q2, k2, v2 = q, torch.cat([k, k], dim=2), torch.cat([v, v], dim=2)
             case2 = case.replace(Nk=2 * case.Nk)
             got = t.run((q2, k2, v2), case2)
+            e1 = t.expect((q2, k2, v2), case2)
         what = ("queries and keys/values interleaved with copies: odd rows must equal the original rows"
                 if case.causal else "every key/value pair twice must not change the output")
-        base, e0, e1 = t.run(), t.expect(), t.expect((q2, k2, v2), case2)
-        # the tolerance of the doubled case's lse bounds every row of it, the odd ones included
+        base, e0 = t.run(), t.expect()
         return _relation(what, got.out, base.out, e0.tol + e1.tol, lse=_same_lse(got, base, e1, e0, np.log(2.0)))
     detail = ("q, k, v rows each interleaved with a copy" if case.causal else "k, v concatenated with themselves")
     return _checked("duplication", kernel, case, trial, target, body, detail, _repro("duplication"))
@@ -352,7 +370,7 @@ def convex_hull(kernel, case, *, trial=None, target="kernel"):
             return None
         v = _f64(t.qkv[2]).numpy()
         # a row sees a prefix of the keys: 0..Nk-1, or 0..i+Nk-Nq when causal (none when that is < 0)
-        last = np.arange(case.Nq) + (case.Nk - case.Nq) if case.causal else np.full(case.Nq, case.Nk - 1)
+        last = np.arange(case.Nq) + _shift(case, t.conventions) if case.causal else np.full(case.Nq, case.Nk - 1)
         sees = last >= 0
         idx = np.clip(last, 0, case.Nk - 1)
         lo = np.minimum.accumulate(v, axis=2)[:, :, idx]
@@ -380,7 +398,7 @@ def causal_hidden_keys(kernel, case, hidden=(0, 0), *, trial=None, target="kerne
 
     def body(t):
         q, k, v = t.qkv
-        first = max(row + case.Nk - case.Nq + 1, 0)
+        first = max(row + _shift(case, t.conventions) + 1, 0)
         if first >= case.Nk:
             return None
         g = torch.Generator().manual_seed(seed)
@@ -435,6 +453,31 @@ PROPERTIES = (
     Property("causal_hidden_keys", lambda c: _finite(c) and c.causal and c.Nq > 1),
 )
 NAMES = tuple(p.name for p in PROPERTIES)
+
+
+METAMORPHIC = tuple(n for n in NAMES if n not in ("reference", "agreement"))
+
+
+def fixed_params(case):
+    """A parameter for each parametrized property, derived from the case's seed (no hypothesis): what
+    verify applies to every catalogue and generated case."""
+    s = case.seed
+    return {"permutation": ("shuffle", s), "v_scaling": -2.0, "v_shift": (3.0, s + 1),
+            "scale_equivariance": 2.0, "row_locality": (case.B - 1, case.H - 1, case.Nq // 2, s + 2),
+            "causal_hidden_keys": (max(case.Nq // 2 - 1, 0), s + 3)}
+
+
+def check_fixed(kernel, case, *, trial=None, names=METAMORPHIC, target="kernel", conventions=oracle.Conventions()):
+    """Every applicable property in `names` with fixed_params, sharing one Trial. Returns the first
+    PropertyFailure, or None."""
+    trial = trial or Trial(kernel, case, target=target, conventions=conventions)
+    params = fixed_params(case)
+    for prop in PROPERTIES:
+        if prop.name in names and prop.applies(case):
+            failure = check(prop.name, kernel, case, params.get(prop.name), trial=trial, target=target)
+            if failure is not None:
+                return failure
+    return None
 
 
 def check(name, kernel, case, param=None, *, other=None, trial=None, target="kernel"):

@@ -155,14 +155,16 @@ def _scale():
 
 @st.composite
 def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("fused",), min_nq=0,
-          max_len=None, head_dim_ok=None, backend=None, profile=None, pin_blocks=True):
+          max_len=None, head_dim_ok=None, backend=None, profile=None, pin_blocks=True, decl=None, scale=True):
     """Cases of the legal space of the backend.
 
     causal: None draws it, True/False fixes it. dtypes, layouts, data: the allowed values (default: all
     the backend can judge, all layouts, FINITE_DATA). kernels: which of ("fused", "unfused") will run the
     case, for the cost cap. min_nq: the smallest query length (properties about rows need 1).
     max_len: a caller's cap on Nq and Nk. head_dim_ok: a predicate on D (a kernel's declared support).
-    pin_blocks=False leaves the block sizes to the kernel.
+    pin_blocks=False leaves the block sizes to the kernel. decl: a kernel's Declarations (cases/declarations.py):
+    its lengths (minimum, multiple, maximum, Nq == Nk) are kept, the rest comes through the arguments above.
+    scale=False: always the default scale (a kernel without a scale= argument).
     """
     lim = limits(backend, profile)
     dtype = draw(st.sampled_from(tuple(d for d in lim.dtypes if dtypes is None or d in dtypes)))
@@ -172,15 +174,12 @@ def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("
     # drawn whatever the data, so that shrinking the data kind leaves the draws after it in place. Only
     # randn-like data keeps it: with data="large" or "very_negative" a large scale takes the fp16 baseline
     # of the oracle to inf, where no tolerance can be derived
-    scale = draw(_scale())
-    if kind not in ("randn", "equal_scores"):
-        scale = None
-    if kind == "large":
-        # raw scores of 1e4 are ill-conditioned in fp16/bf16: where a kernel applies the scale (to Q in the
-        # input dtype, as the seed does, or to the fp32 scores) moves the output by more than twice
-        # PyTorch's own error, so no tolerance there tells a bug from a legitimate design; fp32 can judge it
-        dtype = "fp32"
+    drawn_scale = draw(_scale())
+    if kind not in ("randn", "equal_scores") or not scale:
+        drawn_scale = None
     top = min(lim.max_len, max_len or lim.max_len)
+    if decl is not None and decl.seq_multiple > top:
+        top = decl.seq_multiple if max_len is None else min(decl.seq_multiple, max_len)   # one block at least
     D = draw(_head_dim(head_dim_ok))
     if lim.max_macs:
         # the float64 reference is B*H*Nq*Nk*D multiply-adds on the host: keep the lengths within it
@@ -199,7 +198,7 @@ def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("
     halves = tuple(d for d in lim.dtypes if d != "fp32" and (dtypes is None or d in dtypes))
     half = draw(st.sampled_from(halves or (dtype,)))
     if many:
-        dtype = dtype if kind == "large" else half
+        dtype = half
         Nk = count * many_bn + delta
         if max_len:
             Nk = min(Nk, max_len)
@@ -207,6 +206,10 @@ def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("
         if lim.max_macs:
             q_top = min(q_top, lim.max_macs // (Nk * D))
         Nq = min(Nq, max(lo_q, q_top))
+    if decl is not None:
+        Nq, Nk = _fit(decl, Nq, lo_q), _fit(decl, Nk, 1)
+        if decl.same_length or (decl.causal_same_length and is_causal):
+            Nq = Nk = max(Nq, Nk)
     shape = Case(CASE_NAME, Nq=Nq, Nk=Nk, D=D, dtype=dtype, block_n=many_bn if many and pin_blocks else None)
     max_ms = lim.many_ms if many else lim.max_ms
 
@@ -228,8 +231,21 @@ def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("
             b for b in pins if within(shape.replace(block_m=block_m, block_n=b)))))
         block_n = many_bn if many else block_n
     seed = draw(st.integers(0, 2 ** 16))
-    return Case(CASE_NAME, B=B, H=H, Nq=Nq, Nk=Nk, D=D, dtype=dtype, causal=is_causal, scale=scale,
+    return Case(CASE_NAME, B=B, H=H, Nq=Nq, Nk=Nk, D=D, dtype=dtype, causal=is_causal, scale=drawn_scale,
                 layout=layout, block_m=block_m, block_n=block_n, seed=seed, data=kind)
+
+
+def _fit(decl, n, lo):
+    """The declared length nearest above n: a multiple of seq_multiple, within [min_seq, max_seq] (a zero
+    length stays zero where the declarations allow it and lo does)."""
+    m = decl.seq_multiple
+    if n == 0 and lo == 0 and decl.min_seq == 0:
+        return 0
+    n = max(n, lo, decl.min_seq, 1)
+    n = -(-n // m) * m
+    if decl.max_seq is not None and n > decl.max_seq:
+        n = decl.max_seq // m * m
+    return n
 
 
 # ---- parameters of the metamorphic relations (cases/properties.py), small and printable ----
@@ -294,7 +310,7 @@ def default_profile():
     """$FLASHCHECK_HYPOTHESIS_PROFILE, else ci when $CI is set, else dev."""
     name = os.environ.get(PROFILE_ENV) or ("ci" if os.environ.get("CI") else "dev")
     if name not in PROFILES:
-        raise SystemExit(f"{PROFILE_ENV}={name!r}: expected one of {', '.join(PROFILES)}")
+        raise ValueError(f"{PROFILE_ENV}={name!r}: expected one of {', '.join(PROFILES)}")
     return name
 
 

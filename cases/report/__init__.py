@@ -1,27 +1,44 @@
-"""What `flashcheck verify` prints and writes: the table, the failure details, the summary line, a JSON
-record and JUnit XML (one testcase per case, so that CI systems list every case), and a progress line.
+"""What `flashcheck verify` prints: the table, the failure details, the summary line and a progress line.
+The files (JSON, JUnit XML, written as cases finish) are report/files.py; the HTML report is report/html.py.
 
-Statuses: "pass", "fail", "skip". A skipped case is never counted as passed; its reason is always shown.
+A case's status: "pass", "fail", "inconclusive" (the tolerance could not tell a wrong answer), "unsupported"
+(the kernel declined the input), "out of memory", or "skip" (not judged: not declared, GPU only, too big,
+...). Only "pass" is a pass; every other status is counted apart and shown with its reason.
 """
 import json
 import sys
 import time
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
-# the failures found by the comparison with the reference, whose max error the table shows (the others stop
-# before it, or come from a later layer after the reference comparison passed)
+# the failures found by the comparison with the reference, whose worst err/tol the table shows (the others
+# stop before it, or come from a later layer after the reference comparison passed)
 _REFERENCE_KINDS = {"mismatch", "NaN", "out-of-bounds read"}
+ORDER = ("pass", "fail", "inconclusive", "unsupported", "out of memory", "skip")
+LEGEND = {
+    "pass": "every layer held, and the tolerance could tell a wrong answer from the right one",
+    "fail": "a failure of a named kind: the first bad element, got, expected, the tolerance, a repro line",
+    "inconclusive": "nothing failed, but the tolerance was so wide that zeros or the plain mean of V would have "
+                    "passed: not counted as passed",
+    "unsupported": "the kernel raised NotImplementedError (or flashcheck.Unsupported) for this input: declare the "
+                   "limit to skip such cases up front",
+    "out of memory": "the kernel (or the case's own inputs) ran out of memory; the figures say how much was asked "
+                     "for and held. Counted apart: it does not fail the run by itself",
+    "skip": "not judged, with the reason: outside the declarations, GPU only, or larger than the memory at hand",
+}
 
 
 @dataclass
 class Result:
     case: object                 # flashcheck.cases.case.Case
-    status: str                  # "pass", "fail" or "skip"
+    status: str                  # one of ORDER
     verdict: object = None       # flashcheck.cases.oracle.Verdict of a case that ran
     reason: str = ""             # why a case was skipped
-    skip_group: str = ""         # "GPU only" or "not declared": the summary counts skips by group
+    skip_group: str = ""         # "not declared", "GPU only", "too large", ...: the summary counts skips by group
     origin: str = "catalogue"    # "catalogue", "--case" or "hypothesis"
+
+    @classmethod
+    def of(cls, case, verdict, origin):
+        return cls(case, verdict.status, verdict, origin=origin)
 
 
 @dataclass
@@ -29,10 +46,12 @@ class Run:
     target: str
     describe: str                # backend, device, torch and triton versions
     caps: object                 # flashcheck.cases.oracle.Capabilities
-    declared: list = field(default_factory=list)   # the support declarations, as flags
+    declared: list = field(default_factory=list)   # the declarations, as flags
     results: list = field(default_factory=list)
     seconds: float = 0.0
     notes: list = field(default_factory=list)      # e.g. what the hypothesis examples found
+    stopped: str = ""            # why the run ended early (--max-failures, interrupted), or ""
+    entries: tuple = (0, 0)      # (catalogue entries with a case judged, catalogue entries selected)
 
     def count(self, status):
         return sum(r.status == status for r in self.results)
@@ -41,11 +60,17 @@ class Run:
     def reduced(self):
         return [r for r in self.results if r.verdict is not None and r.verdict.reduced]
 
+    def exit_code(self):
+        """0 every judged case passed, 1 a case failed, 2 nothing was judged (no pass, no failure)."""
+        if self.count("fail"):
+            return 1
+        return 0 if self.count("pass") else 2
+
 
 def _err(verdict):
     if not verdict.tol or not (verdict.passed or verdict.kind in _REFERENCE_KINDS):
         return "-"
-    return f"{verdict.max_err:.2g} / {verdict.tol:.2g}"
+    return f"{verdict.ratio:.2g}"
 
 
 def _element(failure):
@@ -61,16 +86,19 @@ def _element(failure):
 
 def _row(result):
     v = result.verdict
+    status = result.status.upper()
     if result.status == "skip":
-        return [result.case.name, "SKIP", "-", "-", result.reason]
+        return [result.case.name, status, "-", "-", result.reason]
     if result.status == "pass":
-        return [result.case.name, "PASS", _err(v), "-", ""]
-    return [result.case.name, "FAIL", _err(v), v.kind, _element(v.failures[0])]
+        return [result.case.name, status, _err(v), "-", v.note]
+    if result.status == "fail":
+        return [result.case.name, status, _err(v), str(v.kind), _element(v.failures[0])]
+    return [result.case.name, status, "-", "-", v.note]
 
 
 def table(run, width=160):
     """The results as an aligned text table; the last column is cut to fit `width`."""
-    head = ["case", "verdict", "max err / tol", "failure", "first bad element / reason"]
+    head = ["case", "verdict", "err/tol", "failure", "first bad element / reason"]
     rows = [head] + [_row(r) for r in run.results]
     widths = [max(len(str(row[i])) for row in rows) for i in range(4)]
     lines = []
@@ -102,10 +130,25 @@ def kinds_line(run):
     kinds = {}
     for r in run.results:
         if r.status == "fail":
-            kinds[r.verdict.kind] = kinds.get(r.verdict.kind, 0) + 1
+            kinds[str(r.verdict.kind)] = kinds.get(str(r.verdict.kind), 0) + 1
     if sum(kinds.values()) < 2:
         return []
     return ["failures by kind: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda x: -x[1]))]
+
+
+def outcome_lines(run):
+    """One line for each status besides pass and fail that occurred: what it means, and the first reason."""
+    lines = []
+    for status in ("inconclusive", "unsupported", "out of memory"):
+        hits = [r for r in run.results if r.status == status]
+        if hits:
+            lines.append(f"{status}: {len(hits)} case(s), e.g. {hits[0].case.name}: {hits[0].verdict.note}")
+    ordinary_oom = [r for r in run.results if r.status == "out of memory" and not r.case.sample_heads
+                    and r.case.B * r.case.H * max(r.case.Nq, r.case.Nk) * r.case.D < 1 << 28]
+    if ordinary_oom:
+        lines.append(f"warning: the kernel ran out of memory on {len(ordinary_oom)} ordinary (not huge) case(s), "
+                     f"e.g. {ordinary_oom[0].case.name}: a kernel whose memory grows like Nq x Nk does that")
+    return lines
 
 
 def capabilities_line(run):
@@ -114,6 +157,10 @@ def capabilities_line(run):
     line = (f"capabilities: out= {yes[c.out]}, return_lse= {yes[c.lse]}"
             + ("" if c.lse else " (log-sum-exp not checked)")
             + f", block_m/block_n {yes[c.blocks]}" + ("" if c.blocks else " (cases' block pins not passed)"))
+    if not c.causal:
+        line += ", causal= no (causal cases skipped)"
+    if not c.scale:
+        line += ", scale= no (cases with a scale skipped)"
     if run.declared:
         line += "; declared: " + " ".join(run.declared)
     return line
@@ -124,44 +171,17 @@ def summary(run):
     for r in run.results:
         if r.status == "skip":
             skips[r.skip_group] = skips.get(r.skip_group, 0) + 1
+    parts = [f"{run.count('pass')} passed", f"{run.count('fail')} failed"]
+    parts += [f"{run.count(s)} {s}" for s in ("inconclusive", "unsupported", "out of memory") if run.count(s)]
     skipped = f"{run.count('skip')} skipped"
     if skips:
         skipped += " (" + ", ".join(f"{n} {group}" for group, n in skips.items()) + ")"
-    return (f"verify {run.target} on {run.describe}: {run.count('pass')} passed, {run.count('fail')} failed, "
-            f"{skipped}, {len(run.reduced)} reduced in {run.seconds:.1f} s")
-
-
-def to_dict(run):
-    def failure(f):
-        return {"kind": f.kind, "message": f.message, "where": list(f.where) if f.where else None,
-                "got": _num(f.got), "expected": _num(f.expected), "tol": _num(f.tol), "line": f.line()}
-
-    cases = []
-    for r in run.results:
-        entry = {"name": r.case.name, "status": r.status, "origin": r.origin, "case": r.case.source()}
-        if r.status == "skip":
-            entry.update(reason=r.reason, skip_group=r.skip_group)
-        else:
-            v = r.verdict
-            entry.update(kind=v.kind, max_err=_num(v.max_err), tol=_num(v.tol), seconds=round(v.seconds, 4),
-                         reduced=list(v.reduced), failures=[failure(f) for f in v.failures])
-            if r.status == "fail":
-                entry["repro"] = v.repro()
-        cases.append(entry)
-    c = run.caps
-    return {"target": run.target, "backend": run.describe,
-            "capabilities": {"out": c.out, "return_lse": c.lse, "blocks": c.blocks},
-            "declared": run.declared, "notes": run.notes,
-            "summary": {"passed": run.count("pass"), "failed": run.count("fail"), "skipped": run.count("skip"),
-                        "reduced": len(run.reduced), "seconds": round(run.seconds, 3)},
-            "cases": cases}
-
-
-def _num(x):
-    """JSON has no NaN or infinity: those become strings."""
-    if x is None or (x == x and abs(x) != float("inf")):
-        return x
-    return str(x)
+    parts.append(skipped)
+    judged, total = run.entries
+    applies = f"; {judged} of {total} catalogue entries judged" if total else ""
+    stopped = f"; stopped early: {run.stopped}" if run.stopped else ""
+    return (f"verify {run.target} on {run.describe}: {', '.join(parts)}, {len(run.reduced)} reduced"
+            f"{applies} in {run.seconds:.1f} s{stopped}")
 
 
 def publish(text, data, json_path):
@@ -172,42 +192,6 @@ def publish(text, data, json_path):
     elif json_path:
         with open(json_path, "w") as f:
             f.write(json.dumps(data, indent=1) + "\n")
-
-
-def write_json(run, path):
-    with open(path, "w") as f:
-        json.dump(to_dict(run), f, indent=1)
-        f.write("\n")
-
-
-def junit(run):
-    """JUnit XML: one testsuite, one testcase per case; <failure> with the kind and the first failure,
-    the full report as its text; <skipped> with the reason."""
-    suite = ET.Element("testsuite", name=f"flashcheck verify {run.target}", tests=str(len(run.results)),
-                       failures=str(run.count("fail")), errors="0", skipped=str(run.count("skip")),
-                       time=f"{run.seconds:.3f}", timestamp=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    props = ET.SubElement(suite, "properties")
-    for name, value in (("target", run.target), ("backend", run.describe), ("capabilities", capabilities_line(run))):
-        ET.SubElement(props, "property", name=name, value=value)
-    classname = "flashcheck.verify." + run.target.replace(".py:", ":").replace(":", ".").replace("/", ".")
-    for r in run.results:
-        seconds = r.verdict.seconds if r.verdict is not None else 0.0
-        tc = ET.SubElement(suite, "testcase", classname=classname, name=r.case.name, time=f"{seconds:.3f}")
-        if r.status == "skip":
-            ET.SubElement(tc, "skipped", message=r.reason)
-        elif r.status == "fail":
-            f = r.verdict.failures[0]
-            ET.SubElement(tc, "failure", message=f.line(), type=f.kind).text = r.verdict.report()
-    root = ET.Element("testsuites", tests=suite.get("tests"), failures=suite.get("failures"), errors="0",
-                      skipped=suite.get("skipped"), time=suite.get("time"))
-    root.append(suite)
-    return ET.ElementTree(root)
-
-
-def write_junit(run, path):
-    tree = junit(run)
-    ET.indent(tree)
-    tree.write(path, encoding="utf-8", xml_declaration=True)
 
 
 class Progress:

@@ -36,7 +36,7 @@ def add_arguments(parser):
 def _cases(max_elements):
     from flashcheck.cases import catalogue
 
-    return [c for c in catalogue.CATALOGUE if c.B * c.H * max(c.Nq, c.Nk) * c.D <= max_elements]
+    return [c for c in catalogue.instances() if c.B * c.H * max(c.Nq, c.Nk) * c.D <= max_elements]
 
 
 def _inner(spec, max_elements):
@@ -45,15 +45,9 @@ def _inner(spec, max_elements):
 
     from flashcheck.cases import inputs
 
-    if spec.startswith("mutant:"):
-        from flashcheck.cases.corpus import mutants
+    from flashcheck.cases.runner.target import load_target
 
-        name = spec.split(":", 1)[1]
-        attention = mutants.load(mutants.get(name)).attention
-    else:
-        from flashcheck.cases.runner.isolate import load_target
-
-        attention = load_target(spec)
+    attention = load_target(spec)
     for case in _cases(max_elements):
         q, k, v = (t.cuda().contiguous() for t in inputs.values(case))
         kwargs = {"causal": case.causal}

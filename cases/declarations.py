@@ -1,0 +1,254 @@
+"""What a kernel declares about itself: the limits its documentation states and the conventions it follows.
+
+One table (FIELDS) defines every declaration once; from it come the `flashcheck verify` flags, the keyword
+arguments of flashcheck.verify() and flashcheck.declare(), the pytest plugin's options, and the checks of
+invalid combinations. A kernel may carry its declarations itself, so that `flashcheck verify pkg:fn` needs
+no flags:
+
+    @flashcheck.declare(dtypes="fp16,bf16", head_dims="64,128", seq_multiple=128)
+    def forward(q, k, v, *, causal=False, scale=None): ...
+
+which sets `forward.flashcheck_declarations` (a dict of the same names; setting it by hand works too).
+Flags given on the command line override the kernel's own values.
+
+A limit makes the cases outside it "skipped: not declared", never passed and never failed. A convention
+changes what the kernel is judged against: causal_align="top-left" kernels (SDPA's is_causal,
+FlashAttention before 2.1) are judged against a top-left reference, not skipped.
+
+The protocol's optional features (GQA, windows, softcap, varlen, backward) arrive as more rows of FIELDS:
+each is a declaration (or is discovered from the signature) and a skip reason for the cases that need it.
+"""
+from dataclasses import dataclass, field, fields
+
+from flashcheck.cases.case import DTYPES
+
+ALIGNS = ("bottom-right", "top-left")
+STRIDES = ("any", "last-dim-contiguous", "contiguous")
+ATTRIBUTE = "flashcheck_declarations"
+# layouts of cases/inputs.py whose every tensor has a unit stride along the head dim ("mixed" holds a
+# d_major v)
+_LAST_DIM_CONTIGUOUS = ("contiguous", "bthd", "gapped")
+_DTYPE_NAMES = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16", "half": "fp16",
+                "bf16": "bf16", "bfloat16": "bf16"}
+
+
+class DeclarationError(ValueError):
+    """A declaration that cannot be: a bad value, or two that contradict each other (a usage error)."""
+
+
+def parse_dtypes(value):
+    if isinstance(value, str):
+        value = value.split(",")
+    names = [str(x).strip().lower().replace("torch.", "") for x in value if str(x).strip()]
+    bad = [x for x in names if x not in _DTYPE_NAMES]
+    if bad or not names:
+        raise DeclarationError(f"dtypes {value!r}: expected a list of fp32, fp16, bf16")
+    return tuple(dict.fromkeys(_DTYPE_NAMES[x] for x in names))
+
+
+def parse_ranges(value):
+    """Head dims as ((lo, hi), ...) from "64,128", "1-128", "16-64,128" or a list of ints."""
+    if isinstance(value, int):
+        value = [value]
+    parts = value.split(",") if isinstance(value, str) else value
+    ranges = []
+    for part in parts:
+        text = str(part).strip()
+        lo, sep, hi = text.partition("-")
+        try:
+            lo, hi = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise DeclarationError(f"head dims {value!r}: {text!r} is not a number or a range like 1-128") from None
+        if lo < 1 or hi < lo:
+            raise DeclarationError(f"head dims {value!r}: {text!r} is not a range of head dims >= 1")
+        ranges.append((lo, hi))
+    if not ranges:
+        raise DeclarationError(f"head dims {value!r}: empty")
+    return tuple(ranges)
+
+
+def ranges_text(ranges):
+    return ",".join(f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in ranges)
+
+
+def _positive(name, minimum):
+    def parse(value):
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            raise DeclarationError(f"{name} {value!r}: not a whole number") from None
+        if n < minimum or isinstance(value, bool):
+            raise DeclarationError(f"{name} must be >= {minimum}, got {value!r}")
+        return n
+    return parse
+
+
+def _choice(name, options):
+    def parse(value):
+        if value not in options:
+            raise DeclarationError(f"{name} {value!r}: expected one of {', '.join(options)}")
+        return value
+    return parse
+
+
+def _flag(value):
+    if not isinstance(value, bool):
+        raise DeclarationError(f"expected True or False, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str            # the Python keyword and the kernel attribute's key
+    flag: str            # the command-line flag
+    parse: object        # value -> normalised value (raises DeclarationError)
+    default: object
+    help: str
+    metavar: str = None  # None: a switch (store_true)
+    text: object = None  # normalised value -> the flag's argument as a user writes it
+
+
+FIELDS = (
+    Field("dtypes", "--dtypes", parse_dtypes, None, "supported dtypes, e.g. fp16,bf16 (default: all three)",
+          "LIST", ",".join),
+    Field("head_dims", "--head-dims", parse_ranges, None,
+          "supported head dims: values and ranges, e.g. 64,128 or 1-128 or 16-64,128", "LIST", ranges_text),
+    Field("causal", "--no-causal", _flag, True, "the kernel has no causal mode"),
+    Field("causal_align", "--causal-align", _choice("causal_align", ALIGNS), "bottom-right",
+          "where the causal diagonal sits when Nq != Nk: bottom-right (FlashAttention >= 2.1, the protocol; the "
+          "default) or top-left (SDPA's is_causal, FlashAttention < 2.1); top-left kernels are judged against a "
+          "top-left reference", "ALIGN"),
+    Field("causal_same_length", "--causal-same-length", _flag, False, "causal only when Nq == Nk"),
+    Field("same_length", "--same-length", _flag, False, "Nq == Nk only (self-attention)"),
+    Field("seq_multiple", "--seq-multiple", _positive("seq_multiple", 1), 1,
+          "Nq and Nk must be multiples of N (e.g. 64 or 128)", "N", str),
+    Field("min_seq", "--min-seq", _positive("min_seq", 0), 0, "shortest supported Nq and Nk (e.g. 1: no Nq = 0)",
+          "N", str),
+    Field("max_seq", "--max-seq", _positive("max_seq", 1), None, "longest supported Nq and Nk", "N", str),
+    Field("strides", "--strides", _choice("strides", STRIDES), "any",
+          "the strides the kernel accepts: any (the protocol), last-dim-contiguous (unit stride along D) or "
+          "contiguous ((B, H, N, D) dense)", "KIND"),
+    Field("fp32_scores", "--fp32-scores", _flag, False,
+          "the kernel keeps its scores in fp32 (fused kernels do): fp16/bf16 cases are judged without the "
+          "allowance for scores rounded to the input dtype, so more of them are judged tightly"),
+    Field("fused", "--fused", _flag, False,
+          "the kernel never materialises the Nq x Nk scores: its extra memory must not grow like Nq x Nk (GPU)"),
+)
+BY_NAME = {f.name: f for f in FIELDS}
+
+
+@dataclass(frozen=True)
+class Declarations:
+    dtypes: tuple = None
+    head_dims: tuple = None
+    causal: bool = True
+    causal_align: str = "bottom-right"
+    causal_same_length: bool = False
+    same_length: bool = False
+    seq_multiple: int = 1
+    min_seq: int = 0
+    max_seq: int = None
+    strides: str = "any"
+    fp32_scores: bool = False
+    fused: bool = False
+    given: tuple = field(default=(), compare=False)   # the names declared (not left at their default)
+
+    @classmethod
+    def make(cls, **values):
+        """Declarations from keyword values (as a user writes them); raises DeclarationError."""
+        unknown = [k for k in values if k not in BY_NAME]
+        if unknown:
+            raise DeclarationError(f"unknown declaration(s) {', '.join(unknown)}; known: {', '.join(BY_NAME)}")
+        parsed = {}
+        for k, v in values.items():
+            try:
+                parsed[k] = BY_NAME[k].parse(v) if v is not None else None
+            except DeclarationError as exc:
+                raise DeclarationError(f"{BY_NAME[k].flag} ({k}): {exc}") from None
+        decl = cls(**parsed, given=tuple(k for k in BY_NAME if k in values))
+        decl.check()
+        return decl
+
+    @classmethod
+    def of(cls, kernel, **overrides):
+        """The kernel's own declarations (its flashcheck_declarations attribute), with `overrides` (flags)
+        taking precedence."""
+        own = getattr(kernel, ATTRIBUTE, None) or {}
+        if isinstance(own, Declarations):
+            own = {k: getattr(own, k) for k in own.given}
+        if not isinstance(own, dict):
+            raise DeclarationError(f"{ATTRIBUTE} must be a dict of declarations, got {type(own).__name__}")
+        return cls.make(**{**own, **overrides})
+
+    def check(self):
+        if not self.causal and "causal_align" in self.given and self.causal_align != "bottom-right":
+            raise DeclarationError("--causal-align goes with a causal mode: not with --no-causal")
+        if not self.causal and self.causal_same_length:
+            raise DeclarationError("--causal-same-length goes with a causal mode: not with --no-causal")
+        if self.max_seq is not None and self.min_seq > self.max_seq:
+            raise DeclarationError(f"--min-seq {self.min_seq} > --max-seq {self.max_seq}: no length is supported")
+        if self.max_seq is not None and self.seq_multiple > self.max_seq:
+            raise DeclarationError(f"--seq-multiple {self.seq_multiple} > --max-seq {self.max_seq}: only "
+                                   "empty sequences would be supported")
+
+    def flags(self):
+        """The declarations as command-line flags (those that differ from the defaults)."""
+        out = []
+        for f in FIELDS:
+            value = getattr(self, f.name)
+            if value == f.default:
+                continue
+            if f.metavar is None:
+                out.append(f.flag)
+            else:
+                out.append(f"{f.flag} {(f.text or str)(value)}")
+        return out
+
+    def head_dim_ok(self, d):
+        return self.head_dims is None or any(lo <= d <= hi for lo, hi in self.head_dims)
+
+    def length_ok(self, n, allow_empty=False):
+        if n == 0 and allow_empty:
+            return self.min_seq == 0
+        return n >= self.min_seq and n % self.seq_multiple == 0 and (self.max_seq is None or n <= self.max_seq)
+
+    def layouts(self):
+        """The layouts of cases/inputs.py the kernel accepts."""
+        from flashcheck.cases.case import LAYOUTS
+
+        return {"any": LAYOUTS, "last-dim-contiguous": _LAST_DIM_CONTIGUOUS, "contiguous": ("contiguous",)}[
+            self.strides]
+
+    def reasons(self, case):
+        """Why the declarations exclude this case (empty when they do not)."""
+        why = []
+        if case.causal and not self.causal:
+            why.append("causal (--no-causal)")
+        if case.causal and self.causal_same_length and case.Nq != case.Nk:
+            why.append(f"causal with Nq = {case.Nq} != Nk = {case.Nk} (--causal-same-length)")
+        if self.dtypes is not None and case.dtype not in self.dtypes:
+            why.append(f"dtype {case.dtype} (--dtypes {','.join(self.dtypes)})")
+        if not self.head_dim_ok(case.D):
+            why.append(f"head dim {case.D} (--head-dims {ranges_text(self.head_dims)})")
+        if self.same_length and case.Nq != case.Nk:
+            why.append(f"Nq = {case.Nq} != Nk = {case.Nk} (--same-length)")
+        for name, n in (("Nq", case.Nq), ("Nk", case.Nk)):
+            if n < self.min_seq:
+                why.append(f"{name} = {n} < --min-seq {self.min_seq}")
+            elif self.max_seq is not None and n > self.max_seq:
+                why.append(f"{name} = {n} > --max-seq {self.max_seq}")
+            elif n % self.seq_multiple:
+                why.append(f"{name} = {n} not a multiple of --seq-multiple {self.seq_multiple}")
+        if case.layout not in self.layouts():
+            why.append(f"layout {case.layout} (--strides {self.strides})")
+        return why
+
+
+def declare(**values):
+    """Decorator: attach declarations to a kernel (see the module docstring). Checked at once."""
+    Declarations.make(**values)
+
+    def attach(kernel):
+        setattr(kernel, ATTRIBUTE, dict(values))
+        return kernel
+    return attach

@@ -1,0 +1,432 @@
+"""Judge one run (one case given to one kernel) and name what went wrong.
+
+Layers (docs/design.md), all on by default:
+  1. reference   float64 NumPy on the same (dtype-rounded) inputs, each element against its own derived
+                 tolerance (cases/oracle/tolerance.py): fp32 is tight enough that a tf32 dot fails by ~100x
+  2. hand        hand-computed answers (7.5; the mean of V when all scores are equal; the one key's row),
+                 bit-exact where the case says so and the dtype represents the answer
+  3. poison      the output starts as a NaN of a distinctive bit pattern: an element still holding it was
+                 never written
+  4. guards      q, k, v sit in NaN-filled buffers (before, after, between rows and heads): a stray read
+                 that reaches the output shows as NaN, and a re-run with zero-filled guards tells an
+                 out-of-bounds read from a computed NaN. The output sits among sentinels: any change outside
+                 it is an out-of-bounds write; any change to q, k or v is reported too.
+The relations every correct kernel satisfies (rows sum to 1, key permutation, linearity in V, causal rows
+ignoring hidden keys, ...) are the properties of cases/generate/properties.py, which verify runs after these
+layers: one implementation of them, not a weaker copy here.
+
+A verdict names the case, the kind of failure, the first bad element (b, h, row, col), got, expected, its
+tolerance, and a one-line reproduction; or says why the case could not be judged (inconclusive, unsupported,
+out of memory).
+"""
+import contextlib
+import os
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from flashcheck.cases import inputs as inp
+from flashcheck.cases.oracle import tolerance
+from flashcheck.cases.oracle.kinds import Kind, classify_exception, is_out_of_memory
+from flashcheck.cases.oracle.verdict import Capabilities, Failure, Outcome, RunFailed, Verdict
+
+LAYERS = ("reference", "hand", "poison", "guards")
+LOOSE = 0.1     # a row whose tolerance reaches this fraction of V's spread is judged only loosely
+
+
+@dataclass(frozen=True)
+class Conventions:
+    """What the judgement depends on besides the case: where the causal diagonal sits, and whether the
+    kernel keeps its scores in fp32 (declared; cases/declarations.py)."""
+    causal_align: str = "bottom-right"
+    fp32_scores: bool = False
+
+    @classmethod
+    def of(cls, decl):
+        return cls(decl.causal_align, decl.fp32_scores) if decl is not None else cls()
+
+
+def _first_bad(bad):
+    """(b, h, row, col) of the first True element of a (B, H, N, D) bool array."""
+    return tuple(int(x) for x in np.argwhere(bad)[0])
+
+
+def _to_numpy(t):
+    return t.detach().to("cpu", torch.float64).numpy()
+
+
+_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def where_raised(exc):
+    """"file:line" of the innermost frame of a traceback outside flashcheck; when that frame is inside a
+    library, also the innermost frame of the user's own code that led there."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not os.path.abspath(f.filename).startswith(_OWN)]
+    if not frames:
+        return ""
+    last = frames[-1]
+    text = f"{last.filename}:{last.lineno}"
+    library = ("site-packages", "dist-packages", f"{os.sep}lib{os.sep}python")
+    if any(s in last.filename for s in library):
+        own = [f for f in frames if not any(s in f.filename for s in library) and not f.filename.startswith("<")]
+        if own:
+            text += f", called from {own[-1].filename}:{own[-1].lineno}"
+    return text
+
+
+@dataclass
+class Call:
+    """One call of the kernel on guarded inputs."""
+    inputs: object            # cases.inputs.Inputs
+    result: torch.Tensor
+    lse: torch.Tensor
+    before: dict              # the guarded buffers' bits before the call
+    peak_bytes: int = None    # device memory the call took beyond its inputs and its output (GPU)
+
+
+def _kwargs(case, caps, g):
+    kwargs = {}
+    if case.causal or caps.causal:
+        kwargs["causal"] = case.causal
+    if case.scale is not None:
+        kwargs["scale"] = case.scale
+    if caps.blocks and (case.block_m or case.block_n):
+        kwargs.update(block_m=case.block_m, block_n=case.block_n)
+    if caps.out:
+        kwargs["out"] = g.out.t
+    if caps.lse:
+        kwargs["return_lse"] = True
+    return kwargs
+
+
+def call_kernel(kernel, case, caps, qkv, device, guard_fill=float("nan"), measure=False):
+    """Run the kernel once on guarded inputs. Returns a Call; raises RunFailed with the failure when the
+    call itself fails, Outcome when the kernel declines the input or runs out of memory."""
+    try:
+        g = inp.make_inputs(case, device, qkv=qkv, guard_fill=guard_fill)
+    except Exception as exc:  # noqa: BLE001  (only memory is expected here; anything else is re-raised)
+        if is_out_of_memory(exc):
+            raise Outcome("out of memory", f"the case's own inputs do not fit: {_first_line(exc)}") from None
+        raise
+    before = {name: getattr(g, name).flat.clone() for name in ("q", "k", "v", "out")}
+    kwargs = _kwargs(case, caps, g)
+    cuda = torch.device(device).type == "cuda"
+    if cuda and measure:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        result = kernel(g.q.t, g.k.t, g.v.t, **kwargs)
+        if cuda:
+            torch.cuda.synchronize()
+    except NotImplementedError as exc:   # flashcheck.Unsupported is one
+        raise Outcome("unsupported", _first_line(exc) or type(exc).__name__) from None
+    except Exception as exc:  # noqa: BLE001  (the kernel under test may raise anything)
+        if is_out_of_memory(exc):
+            raise Outcome("out of memory", _memory_note(exc, g, device)) from None
+        kind, text = classify_exception(exc)
+        raise RunFailed(Failure(kind, _first_line(text) or kind.value, location=where_raised(exc))) from None
+    peak = None
+    if cuda and measure:
+        own = sum(t.untyped_storage().nbytes() for t in _returned(result)
+                  if t.untyped_storage().data_ptr() != g.out.flat.untyped_storage().data_ptr())
+        peak = max(0, torch.cuda.max_memory_allocated() - base - own)
+    lse = None
+    if caps.lse:
+        if not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise RunFailed(Failure(Kind.BAD_RETURN,
+                                    f"return_lse=True must return (out, lse), got {type(result).__name__}"))
+        result, lse = result
+    B, H, Nq, D = case.B, case.H, case.Nq, case.D
+    if not isinstance(result, torch.Tensor):
+        raise RunFailed(Failure(Kind.BAD_RETURN, f"expected a tensor, got {type(result).__name__}"))
+    if tuple(result.shape) != (B, H, Nq, D) or result.dtype != case.torch_dtype \
+            or result.device.type != torch.device(device).type:
+        raise RunFailed(Failure(Kind.BAD_RETURN, f"expected {(B, H, Nq, D)} {case.torch_dtype} on {device}, "
+                                                 f"got {tuple(result.shape)} {result.dtype} on {result.device}"))
+    if lse is not None:
+        if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (B, H, Nq):
+            raise RunFailed(Failure(Kind.BAD_RETURN, f"lse must be a ({B}, {H}, {Nq}) tensor, got "
+                                                     f"{getattr(lse, 'shape', type(lse).__name__)}"))
+    return Call(g, result, lse, before, peak)
+
+
+def _returned(result):
+    items = result if isinstance(result, (tuple, list)) else (result,)
+    return [t for t in items if isinstance(t, torch.Tensor) and t.device.type == "cuda"]
+
+
+def _first_line(exc_or_text):
+    text = str(exc_or_text)
+    return text.strip().splitlines()[0][:500] if text.strip() else ""
+
+
+def _gib(n):
+    return f"{n / 2 ** 30:.2f} GiB"
+
+
+def _memory_note(exc, g, device):
+    """The figures of an out-of-memory: what the kernel asked for, what the case's inputs hold, the device."""
+    held = sum(getattr(g, name).flat.numel() * getattr(g, name).flat.element_size() for name in ("q", "k", "v", "out"))
+    text = _first_line(exc)
+    asked = ""
+    if "Tried to allocate" in text:
+        asked = "asked for " + text.split("Tried to allocate", 1)[1].split(".", 1)[0].strip().rstrip(",") + "; "
+    total = ""
+    if torch.device(device).type == "cuda":
+        total = f"; device total {_gib(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)}"
+    return f"{asked}the case's guarded inputs and output hold {_gib(held)}{total}"
+
+
+def _check_memory(call, caps):
+    """Guards and poison: inputs untouched, nothing written outside the output, every output written."""
+    g, result, before = call.inputs, call.result, call.before
+    for name in ("q", "k", "v"):
+        gt = getattr(g, name)
+        changed = torch.nonzero(gt.changed(before[name])).flatten()
+        if len(changed):
+            inside = bool(gt.inside[changed[0]])
+            raise RunFailed(Failure(Kind.INPUT_WRITTEN if inside else Kind.OOB_WRITE,
+                                    f"{name} buffer changed at {len(changed)} element(s), first flat index "
+                                    f"{int(changed[0])} ({'inside' if inside else 'outside'} the {name} view)"))
+    if caps.out:
+        stray = g.out.outside_changed(before["out"])
+        if len(stray):
+            raise RunFailed(Failure(Kind.OOB_WRITE,
+                                    f"{len(stray)} element(s) outside the output view changed, first flat index "
+                                    f"{int(stray[0])} of the guarded output buffer"))
+        if result.data_ptr() != g.out.t.data_ptr() or result.stride() != g.out.t.stride():
+            if not torch.equal(inp.int_view(result), inp.int_view(g.out.t)):
+                raise RunFailed(Failure(Kind.BAD_RETURN, "out= was given but the returned tensor is neither out "
+                                                         "nor equal to it"))
+    unwritten = inp.is_poison(result)
+    if bool(unwritten.any()):
+        first = tuple(int(x) for x in torch.nonzero(unwritten)[0])
+        raise RunFailed(Failure(Kind.UNWRITTEN, f"{int(unwritten.sum())} output element(s) never written",
+                                where=first))
+
+
+def expectation(case, qkv, device=None, conventions=Conventions()):
+    """The float64 reference of a case on these inputs (torch tensors of its dtype) and the per-element
+    tolerance a kernel following `conventions` is held to (cases/oracle/tolerance.py)."""
+    q, k, v = (_to_numpy(t) for t in qkv)
+    return tolerance.expectation(case.torch_dtype, q, k, v, causal=case.causal, scale=case.scale,
+                                 align=conventions.causal_align, half_scores=not conventions.fp32_scores)
+
+
+def _heads(case):
+    """The (b, h) pairs judged, as two index arrays: None for all, or a spread sample of
+    case.sample_heads pairs, first and last included (a 64-bit offset bug lives in the last ones)."""
+    if not case.sample_heads or case.sample_heads >= case.B * case.H:
+        return None
+    flat = np.unique(np.linspace(0, case.B * case.H - 1, case.sample_heads).round().astype(np.int64))
+    return flat // case.H, flat % case.H
+
+
+def _select(t, heads):
+    """(B, H, ...) -> (S, 1, ...): the judged heads only (all when heads is None)."""
+    if heads is None:
+        return t
+    b, h = (torch.as_tensor(x, device=t.device) for x in heads)
+    return t[b, h].unsqueeze(1)
+
+
+def _unselect(failure, heads):
+    """Map a failure's (s, 0, row, col) in the selection back to (b, h, row, col)."""
+    if heads is not None and failure.where is not None:
+        s = failure.where[0]
+        failure.where = (int(heads[0][s]), int(heads[1][s])) + tuple(failure.where[2:])
+    return failure
+
+
+def compare(got, exp, tol, what=Kind.MISMATCH):
+    """Elementwise check of got against exp (float64 arrays): NaN where exp is NaN, non-finite where exp is
+    finite, |got - exp| <= tol elsewhere (tol: a scalar or an array of exp's shape). Returns
+    (failure or None, (worst err/tol, |err| there, tol there))."""
+    tol = np.broadcast_to(np.asarray(tol, dtype=np.float64), exp.shape)
+    nan_exp = np.isnan(exp)
+    finite = np.isfinite(exp)
+    bad_nan = nan_exp & ~np.isnan(got)
+    if bad_nan.any():
+        w = _first_bad(bad_nan)
+        return Failure(what, "expected NaN (the input holds NaN)", where=w, got=float(got[w]),
+                       expected=float("nan")), (float("inf"), float("inf"), 0.0)
+    nonfinite = finite & ~np.isfinite(got)
+    if nonfinite.any():
+        w = _first_bad(nonfinite)
+        return Failure(Kind.NAN, f"{int(nonfinite.sum())} non-finite output element(s) where the reference is "
+                                 f"finite", where=w, got=float(got[w]), expected=float(exp[w])), \
+            (float("inf"), float("inf"), 0.0)
+    inf_mismatch = ~finite & ~nan_exp & (got != exp)
+    if inf_mismatch.any():
+        w = _first_bad(inf_mismatch)
+        return Failure(what, "", where=w, got=float(got[w]), expected=float(exp[w])), (float("inf"), float("inf"), 0.0)
+    err = np.where(finite, np.abs(got - np.where(finite, exp, 0)), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(err > 0, err / tol, 0.0)
+    worst = (0.0, 0.0, 0.0)
+    if ratio.size:
+        w = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+        worst = (float(ratio[w]), float(err[w]), float(tol[w]))
+    bad = err > tol
+    if bad.any():
+        w = _first_bad(bad)
+        return Failure(what, f"{int(bad.sum())} element(s) out of tolerance, max err/tol {worst[0]:.3g}",
+                       where=w, got=float(got[w]), expected=float(exp[w]), tol=float(tol[w])), worst
+    return None, worst
+
+
+def _hand_value(case, qkv):
+    """The case's hand-computed answer as a (B, H, Nq, D) float64 array, or None."""
+    if case.expected is None:
+        return None
+    v = _to_numpy(qkv[2])
+    shape = (case.B, case.H, case.Nq, case.D)
+    if case.expected == "mean_v":
+        return np.broadcast_to(v.mean(axis=2, keepdims=True), shape)
+    if case.expected == "v_row0":
+        return np.broadcast_to(v[:, :, :1, :], shape)
+    return np.broadcast_to(np.asarray(case.expected, dtype=np.float64), shape)
+
+
+def _exact_in(case, hand):
+    """A hand value is held bit-exact only where the case says so and the dtype represents it."""
+    if not case.exact:
+        return False
+    rounded = torch.from_numpy(np.array(hand, dtype=np.float64)).to(case.torch_dtype).double().numpy()
+    return bool(np.array_equal(rounded, hand))
+
+
+def _lse_check(lse, expect, heads):
+    got = _to_numpy(_select(lse, heads))
+    fail, _ = compare(got[..., None], expect.lse[..., None], expect.tol_lse[..., None], what=Kind.LSE)
+    if fail is not None:
+        fail.kind = Kind.LSE
+        fail.message = "log-sum-exp " + fail.message
+    return fail
+
+
+def judge(kernel, case, *, device=None, target="kernel", caps=None, layers=LAYERS, conventions=None,
+          measure=False):
+    """Judge one run of `kernel` on `case`. Returns a Verdict. conventions: default, those the kernel
+    declares itself (flashcheck.declare). measure=True also records the kernel's own device memory (GPU)."""
+    if conventions is None:
+        from flashcheck.cases.declarations import DeclarationError, Declarations
+
+        try:
+            conventions = Conventions.of(Declarations.of(kernel))
+        except DeclarationError:
+            conventions = Conventions()
+    if case.sample_heads:
+        with _one_huge_case_at_a_time():
+            return _judge(kernel, case, device, target, caps, layers, conventions, measure)
+    return _judge(kernel, case, device, target, caps, layers, conventions, measure)
+
+
+@contextlib.contextmanager
+def _one_huge_case_at_a_time():
+    """Huge cases take tens of GB of device memory: under pytest-xdist (or several verify runs) on one
+    machine, judge them one at a time, across processes (an advisory lock on a file in the temp dir)."""
+    import fcntl
+
+    with open(os.path.join(tempfile.gettempdir(), "flashcheck-huge-case.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if torch.cuda.is_initialized():
+                torch.cuda.empty_cache()          # hand the tens of GB back to the other processes
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _judge(kernel, case, device, target, caps, layers, conventions, measure):
+    from flashcheck.cases.backend import device as active_device
+
+    device = device or active_device()
+    caps = caps or Capabilities.of(kernel)
+    verdict = Verdict(case, target)
+    if not caps.out:
+        verdict.reduced.append("no out=: output guard not checked; unwritten check relies on reused memory")
+    t0 = time.perf_counter()
+    try:
+        try:
+            qkv = inp.values(case, device)
+        except Exception as exc:  # noqa: BLE001
+            if is_out_of_memory(exc):
+                raise Outcome("out of memory", f"the case's inputs do not fit: {_first_line(exc)}") from None
+            raise
+        heads = _heads(case)
+        expect = expectation(case, tuple(_select(t, heads) for t in qkv), device, conventions)
+        if not caps.out:
+            _prepoison(case, device)
+        call = call_kernel(kernel, case, caps, qkv, device, measure=measure)
+        verdict.peak_bytes = call.peak_bytes
+        if "guards" in layers or "poison" in layers:
+            _check_memory(call, caps)
+        got = _to_numpy(_select(call.result, heads))
+        lse = call.lse
+        del call
+        if "reference" in layers:
+            fail, (verdict.ratio, verdict.max_err, verdict.tol) = compare(got, expect.out, expect.tol)
+            if fail is not None and fail.kind == Kind.NAN:
+                fail = _diagnose_nan(kernel, case, caps, qkv, device, fail, heads)
+            if fail is not None:
+                raise RunFailed(_unselect(fail, heads))
+            if lse is not None:
+                fail = _lse_check(lse, expect, heads)
+                if fail is not None:
+                    raise RunFailed(_unselect(fail, heads))
+        hand = _hand_value(case, qkv)
+        if "hand" in layers and hand is not None and heads is None:
+            fail, _ = compare(got, hand, 0.0 if _exact_in(case, hand) else expect.tol, what=Kind.HAND_VALUE)
+            if fail is not None:
+                fail.kind = Kind.HAND_VALUE
+                raise RunFailed(fail)
+        if "reference" in layers:
+            why = tolerance.discriminates(expect)
+            if why:
+                verdict.status, verdict.note = "inconclusive", f"tolerance cannot discriminate: {why}"
+            else:
+                loose, rows = tolerance.loose_rows(expect, LOOSE)
+                if loose:
+                    verdict.reduced.append(f"some rows judged loosely (tolerance >= {LOOSE:g} of V's spread: "
+                                           f"scores the dtype cannot resolve)")
+                    verdict.note = f"{loose} of {rows} rows judged loosely"
+    except RunFailed as stop:
+        verdict.fail(stop.failure)
+    except Outcome as other:
+        verdict.status, verdict.note = other.status, other.note
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+    verdict.seconds = time.perf_counter() - t0
+    return verdict
+
+
+def _diagnose_nan(kernel, case, caps, qkv, device, fail, heads):
+    """A NaN where the reference is finite: re-run with zero-filled guard bands. If the NaN goes away it
+    came from memory outside the inputs: an out-of-bounds (or wrong-stride) read."""
+    try:
+        res = call_kernel(kernel, case, caps, qkv, device, guard_fill=0.0).result
+    except (RunFailed, Outcome):
+        return fail
+    if np.isfinite(_to_numpy(_select(res, heads))[fail.where]):
+        fail.kind = Kind.OOB_READ
+        fail.message = ("NaN from the NaN guard bands (finite when the guards hold 0): a read outside q, k or "
+                        "v, or with a wrong stride")
+    return fail
+
+
+def _prepoison(case, device):
+    """Without out=, fill memory the kernel's own output allocation is likely to reuse with the poison
+    pattern (the caching allocator hands back a freed block of the same size)."""
+    dt = case.torch_dtype
+    n = case.B * case.H * case.Nq * case.D
+    if n == 0:
+        return
+    block = torch.empty(n, dtype=dt, device=device)
+    inp.int_view(block).fill_(inp.poison_bits(dt))
+    del block

@@ -1,0 +1,131 @@
+"""What a judged run comes to: the Verdict (one case given to one kernel), its Failures, and what the kernel's
+signature accepts (Capabilities).
+
+Outcomes (Verdict.status):
+  pass           every layer held, with a tolerance tight enough to tell a wrong answer
+  fail           a Failure of a named Kind (cases/oracle/kinds.py)
+  inconclusive   nothing failed, but the tolerance of this case is so wide that a trivially wrong answer
+                 (zeros, the plain mean of V) would pass it: never counted as passed
+  unsupported    the kernel raised NotImplementedError (or flashcheck.Unsupported) for this input
+  out of memory  the kernel (or the inputs of this case) did not fit in memory
+"""
+import inspect
+from dataclasses import dataclass, field
+
+from flashcheck.cases.oracle.kinds import Kind
+
+STATUSES = ("pass", "fail", "inconclusive", "unsupported", "out of memory")
+
+
+@dataclass
+class Capabilities:
+    """What a kernel's signature accepts beyond the core protocol (discovered, never declared)."""
+    out: bool = False
+    lse: bool = False
+    blocks: bool = False
+    causal: bool = True        # the signature takes causal= (a kernel without it is judged on non-causal cases)
+    scale: bool = True         # the signature takes scale=
+
+    @classmethod
+    def of(cls, kernel):
+        try:
+            params = inspect.signature(kernel).parameters
+        except (TypeError, ValueError):
+            return cls()
+        var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        return cls(out="out" in params, lse="return_lse" in params,
+                   blocks="block_m" in params and "block_n" in params,
+                   causal=var_kw or "causal" in params, scale=var_kw or "scale" in params)
+
+
+@dataclass
+class Failure:
+    kind: Kind
+    message: str
+    where: tuple = None       # (b, h, row, col) of the first bad element
+    got: float = None
+    expected: float = None
+    tol: float = None
+    location: str = ""        # file:line where the kernel raised (exceptions)
+
+    def __post_init__(self):
+        self.kind = Kind(self.kind)
+
+    def line(self):
+        s = f"{self.kind}"
+        if self.where is not None:
+            b, h, i, d = self.where
+            s += f" at (b={b}, h={h}, row={i}, col={d})"
+        if self.got is not None:
+            s += f": got {self.got:.7g}, expected {self.expected:.7g}"
+            if self.tol is not None:
+                s += f" (|err| {abs(self.got - self.expected):.3g} > tol {self.tol:.3g})"
+        s += f"; {self.message}" if self.message else ""
+        return s + (f" (raised at {self.location})" if self.location else "")
+
+
+@dataclass
+class Verdict:
+    case: object
+    target: str
+    failures: list = field(default_factory=list)
+    max_err: float = 0.0      # |err| at the worst element (largest err/tol)
+    tol: float = 0.0          # the tolerance there
+    ratio: float = 0.0        # the largest err/tol of the reference comparison
+    reduced: list = field(default_factory=list)   # checks that could not run in full, with why
+    seconds: float = 0.0
+    status: str = ""          # see STATUSES; derived from failures when left empty
+    note: str = ""            # why inconclusive, the kernel's unsupported message, the memory figures
+    peak_bytes: int = None    # the kernel's own device memory beyond its inputs (GPU), when measured
+    maps: dict = None         # error maps of a failing case, for the HTML report (oracle/diagnose.py)
+
+    def __post_init__(self):
+        if not self.status:
+            self.status = "fail" if self.failures else "pass"
+
+    @property
+    def passed(self):
+        return self.status == "pass"
+
+    @property
+    def failed(self):
+        return self.status == "fail"
+
+    @property
+    def kind(self):
+        return self.failures[0].kind if self.failures else self.status
+
+    def fail(self, failure):
+        self.failures.append(failure)
+        self.status = "fail"
+
+    def repro(self):
+        return f"flashcheck verify {self.target} --case \"{self.case.source(why=False)}\""
+
+    def report(self):
+        head = f"{self.status.upper()} {self.case.name} [{self.target}]"
+        if self.passed:
+            return head + f" max err/tol {self.ratio:.3g}"
+        if not self.failed:
+            return head + (f": {self.note}" if self.note else "")
+        lines = [head] + ["  " + f.line() for f in self.failures]
+        if self.case.why:
+            lines.append(f"  guards against: {self.case.why}")
+        lines.append(f"  repro: {self.repro()}")
+        return "\n".join(lines)
+
+
+class RunFailed(Exception):
+    """A failure that ends the judging of this run (carries the Failure)."""
+
+    def __init__(self, failure):
+        super().__init__(failure.line())
+        self.failure = failure
+
+
+class Outcome(Exception):
+    """The run ends with another outcome than pass or fail (unsupported, out of memory), and why."""
+
+    def __init__(self, status, note):
+        super().__init__(note)
+        self.status, self.note = status, note

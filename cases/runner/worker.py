@@ -1,0 +1,374 @@
+"""The one isolation runner: a kernel under test runs where it can be killed, and verify, the bug corpus and
+the power measurement all use it.
+
+    Worker(timeout).open("my_pkg.attn:forward")        -> what the target is (capabilities, backend, ...)
+    Worker.call("flashcheck.cases.verify.judging:judge_case", case, settings)   -> fn(target, case, settings)
+
+Two processes stand between the caller and the kernel. A server (a fresh interpreter) selects the backend and
+imports torch, Triton and flashcheck once, without ever touching CUDA. For each target it forks a child,
+which imports the target and then runs the calls it is sent, one at a time. So a new target (a mutant, the
+next kernel) starts warm and clean; a child that segfaults, aborts or faults the GPU takes only itself down:
+the server reports how it ended ("gone") and forks the next child on demand; a call that hangs past its
+timeout gets the whole process group killed, and the next call starts a fresh server.
+
+Frames: length-prefixed pickles, the caller -> the worker on its stdin, the worker -> the caller on a pipe
+that was its stdout. Both worker processes move their own stdout onto stderr first, so whatever a kernel
+prints cannot corrupt a frame; stdout and stderr go to a log file whose tail names the cause of a death.
+Reads are unbuffered and exact, so the child can read its frames from the stdin it shares with the server.
+"""
+import importlib
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+from flashcheck.cases.runner.target import TargetError, load_target, python_command, target_info
+
+_HEADER = struct.Struct(">Q")
+START_TIMEOUT = 300.0      # importing torch, Triton and a target can take a while on a loaded machine
+
+
+class Hung(Exception):
+    """No answer within the time limit; the worker was killed."""
+
+
+class Died(Exception):
+    """The process running the target died; .kind is a Kind (crash or device fault), the text says how."""
+
+    def __init__(self, kind, text):
+        super().__init__(text)
+        self.kind = kind
+
+
+class Raised(Exception):
+    """The called function raised (outside what it handles itself); the text is its traceback's end."""
+
+
+def resolve(path):
+    """The function named "package.module:function"."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class Worker:
+    """A target judged in worker processes, with a timeout per call (see the module docstring).
+
+    wrap: argv put in front of the worker's interpreter (compute-sanitizer); env: extra environment."""
+
+    def __init__(self, timeout, wrap=(), env=None):
+        self.timeout = timeout
+        self.wrap = list(wrap)
+        self.env = dict(env or {})
+        self.proc = None
+        self.log = None
+        self.spec = None          # the target the current (or next) child serves
+        self.child_open = False
+        self.info = None
+
+    # ---- the caller's side ----
+    def open(self, spec):
+        """Fork a child serving `spec`; returns target_info. Raises TargetError (a bad or broken target)."""
+        if self.child_open:
+            self._close_child()
+        self.spec = spec
+        if self.proc is None:
+            self._start()
+        self._send(("open", spec))
+        try:
+            reply = self._receive(START_TIMEOUT)
+        except Hung:
+            self.kill()
+            raise TargetError(f"the worker importing {_name(spec)} did not answer within {START_TIMEOUT:g} s") \
+                from None
+        if reply[0] == "gone":
+            raise TargetError(f"the worker importing {_name(spec)} {self._death(reply[1])}")
+        if reply[0] == "error":
+            self._expect_gone()
+            raise TargetError(reply[1])
+        self.child_open = True
+        self.info = reply[1]
+        return self.info
+
+    def call(self, fn, *args, timeout=None, **kwargs):
+        """fn(target, *args, **kwargs) in the child (fn: "module:function"). Raises Hung, Died or Raised."""
+        if not self.child_open:
+            self.open(self.spec)
+        self._send(("call", fn, args, kwargs))
+        try:
+            reply = self._receive(timeout or self.timeout)
+        except Hung:
+            self.kill()
+            raise Hung(f"no answer within {timeout or self.timeout:g} s; the worker was killed and the next "
+                       "case runs in a fresh one") from None
+        if reply[0] == "gone":
+            self.child_open = False
+            status = reply[1]
+            from flashcheck.cases.oracle.kinds import classify_death
+
+            tail = self._log_tail()
+            raise Died(classify_death(-status if status < 0 else None, tail),
+                       f"the process running the kernel {self._death(status, tail)}; the next case runs in a "
+                       "fresh one")
+        _, (how, value), poisoned = reply
+        if poisoned:
+            # a sticky CUDA error: the child exits by itself; the next call forks a fresh one
+            self._expect_gone()
+        if how == "raised":
+            raise Raised(value)
+        return value
+
+    def close(self):
+        if self.proc is not None:
+            try:
+                if self.child_open:
+                    self._close_child()
+                self._send(("stop",))
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired, Hung):
+                pass
+            self.kill()
+
+    def kill(self):
+        """Kill the server and its child (their process group) and forget them."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.proc.wait()
+            for stream in (self.proc.stdin, self.proc.stdout, self.log):
+                try:
+                    stream.close()
+                except OSError:   # unsent bytes to a dead worker
+                    pass
+            self.proc = None
+        self.child_open = False
+
+    def _start(self):
+        self.log = tempfile.TemporaryFile()
+        env = dict(os.environ, **self.env)
+        self.proc = subprocess.Popen(
+            self.wrap + python_command("from flashcheck.cases.runner.worker import serve; serve()"),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, cwd=os.getcwd(), env=env,
+            start_new_session=True)
+
+    def _close_child(self):
+        self._send(("close",))
+        self._expect_gone()
+
+    def _expect_gone(self):
+        try:
+            self._receive(60.0)
+        except Hung:
+            self.kill()
+        self.child_open = False
+
+    def _death(self, status, tail=None):
+        if status < 0:
+            try:
+                how = f"died from signal {-status} ({signal.Signals(-status).name})"
+            except ValueError:
+                how = f"died from signal {-status}"
+        else:
+            how = f"exited with code {status}"
+        tail = self._log_tail() if tail is None else tail
+        lines = [ln for ln in tail.splitlines() if ln.strip()]
+        # faulthandler's headline names the signal and ends in a long stack; otherwise the last line says most
+        fatal = [ln for ln in lines if ln.startswith("Fatal Python error")]
+        words = (fatal or lines[-1:] or [""])[0].strip()[:300]
+        return how + (f"; its last words: {words}" if words else "")
+
+    def _log_tail(self, n=4096):
+        if self.log is None:
+            return ""
+        self.log.seek(0, os.SEEK_END)
+        self.log.seek(max(0, self.log.tell() - n))
+        return self.log.read().decode(errors="replace")
+
+    def _send(self, message):
+        data = pickle.dumps(message)
+        try:
+            self.proc.stdin.write(_HEADER.pack(len(data)) + data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass    # the worker is dead; _receive sees it
+
+    def _receive(self, timeout):
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        header = _read_exact(fd, _HEADER.size, deadline)
+        if header is None:
+            return ("gone", self._server_status())
+        body = _read_exact(fd, _HEADER.unpack(header)[0], deadline)
+        if body is None:
+            return ("gone", self._server_status())
+        return pickle.loads(body)
+
+    def _server_status(self):
+        """The worker's pipe closed: the server itself ended (killed with its child, or crashed)."""
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = -signal.SIGKILL
+        proc, self.proc = self.proc, None
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        self.child_open = False
+        return code
+
+
+def _name(spec):
+    return spec if isinstance(spec, str) else getattr(spec, "name", repr(spec))
+
+
+def _read_exact(fd, n, deadline):
+    """n bytes from fd, None at end of file; raises Hung past the deadline."""
+    chunks, got = [], 0
+    while got < n:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise Hung()
+        chunk = os.read(fd, n - got)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+# ---- the worker's side ----
+
+def _read_frame(fd):
+    header = _read_blocking(fd, _HEADER.size)
+    if header is None:
+        return None
+    body = _read_blocking(fd, _HEADER.unpack(header)[0])
+    return None if body is None else pickle.loads(body)
+
+
+def _read_blocking(fd, n):
+    chunks, got = [], 0
+    while got < n:
+        chunk = os.read(fd, n - got)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _write_frame(fd, message):
+    data = pickle.dumps(message)
+    data = _HEADER.pack(len(data)) + data
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def serve():
+    """The server's loop (started by Worker._start in a fresh interpreter)."""
+    import faulthandler
+
+    faulthandler.enable()     # a segfault in a kernel leaves a stack in the log
+    out = os.dup(1)
+    os.dup2(2, 1)             # prints go to the log, never into a frame
+    from flashcheck.cases.backend import select_backend
+
+    select_backend()
+    import torch  # noqa: F401  (imported once here: every forked child starts warm; CUDA stays untouched)
+    import triton  # noqa: F401
+
+    from flashcheck.cases import oracle  # noqa: F401
+    while True:
+        message = _read_frame(0)
+        if message is None or message[0] == "stop":
+            return
+        if message[0] != "open":
+            continue      # a stale frame for a child that is gone
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _child(message[1], out)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        _write_frame(out, ("gone", os.waitstatus_to_exitcode(status)))
+
+
+def _child(spec, out):
+    try:
+        target = load_target(spec)
+        info = target_info(target)
+    except TargetError as exc:
+        _write_frame(out, ("error", str(exc)))
+        return 0
+    _write_frame(out, ("ready", info))
+    gpu = info["backend"] == "gpu"
+    while True:
+        message = _read_frame(0)
+        if message is None or message[0] == "close":
+            return 0
+        _, fn, args, kwargs = message
+        try:
+            reply = ("ok", resolve(fn)(target, *args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001  (a kernel can raise anything, SystemExit included)
+            import traceback
+
+            reply = ("raised", "".join(traceback.format_exception(exc)[-3:])[-2000:])
+        poisoned = gpu and not _cuda_usable()
+        _write_frame(out, ("result", reply, poisoned))
+        if poisoned:
+            return 0
+
+
+def _cuda_usable():
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return True
+    try:
+        torch.cuda.synchronize()
+        return True
+    except Exception:  # noqa: BLE001  (any CUDA error here is the sticky kind)
+        return False
+
+
+class InProcess:
+    """The same interface, in this process (--no-isolate): for debugging, no timeout, no crash isolation."""
+
+    def __init__(self, timeout=None, **_):
+        self.target = None
+        self.spec = None
+        self.info = None
+
+    def open(self, spec):
+        self.spec = spec
+        self.target = load_target(spec)
+        self.info = target_info(self.target)
+        return self.info
+
+    def call(self, fn, *args, timeout=None, **kwargs):
+        if self.target is None:
+            self.open(self.spec)
+        try:
+            return resolve(fn)(self.target, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001
+            import traceback
+
+            raise Raised("".join(traceback.format_exception(exc)[-3:])[-2000:]) from exc
+
+    def close(self):
+        self.target = None

@@ -1,0 +1,302 @@
+"""The engine behind every door to verify: the `flashcheck verify` command, flashcheck.verify() in Python, and
+the pytest plugin. It plans the cases (the catalogue expanded into the declared dtypes, each case checked
+against the declarations, the signature and the backend), judges each one in the runner's worker
+(cases/runner/worker.py), then the generated cases (cases/verify/generated.py), and keeps the report's
+files current as it goes.
+"""
+import os
+import time
+from dataclasses import dataclass, field, replace
+
+from flashcheck.cases.declarations import DeclarationError, Declarations
+from flashcheck.cases.verify.judging import Settings
+
+DEFAULT_TARGET = "flashcheck.kernel.fused:attention"
+DEFAULT_TIMEOUT = {"cpu": 120.0, "gpu": 60.0}   # seconds per case; the interpreter is much slower
+DEFAULT_EXAMPLES = 25   # generated cases judged after the whole catalogue (derandomized: the same every run)
+JUDGE = "flashcheck.cases.verify.judging:judge_case"
+TRITON_BF16 = "Triton's interpreter reads bfloat16 wrongly (triton 3.9): bf16 of a Triton kernel needs the GPU"
+
+
+class UsageError(Exception):
+    """A request that cannot run as given (exit status 2)."""
+
+
+@dataclass
+class Request:
+    """One verify run, as a user asks for it (CLI flags, keyword arguments or plugin options)."""
+    target: object = DEFAULT_TARGET          # "MODULE:FUNCTION", "path.py:FUNCTION", or a callable
+    declarations: dict = field(default_factory=dict)   # overrides of the kernel's own declarations
+    only: tuple = ()                         # catalogue names (entries or instances such as name[fp16])
+    keyword: tuple = ()                      # substrings of catalogue names
+    exclude: tuple = ()                      # names or substrings to leave out
+    cases: tuple = ()                        # Case objects or their source text (--case)
+    examples: int = None                     # generated cases; None: DEFAULT_EXAMPLES after the whole catalogue
+    seed: int = None
+    repeat: int = 1
+    sanitize: bool = False
+    properties: bool = True
+    timeout: float = None
+    isolate: bool = True
+    max_failures: int = None
+    max_memory: int = None                   # bytes of device memory a case may need (--max-memory)
+    json: str = None
+    junit: str = None
+    html: str = None
+    progress: bool = True
+
+
+def _spec(target):
+    """The spec a worker can import, for a target given as a string or a callable (None: judge in-process)."""
+    if isinstance(target, str):
+        return target
+    module, name = getattr(target, "__module__", None), getattr(target, "__qualname__", "")
+    if module and module != "__main__" and "<" not in name:
+        return f"{module}:{name}"
+    return None
+
+
+def _name(target):
+    if isinstance(target, str):
+        return target
+    return _spec(target) or getattr(target, "__qualname__", None) or repr(target)
+
+
+def _check(req, backend):
+    if req.examples is not None and req.examples < 0:
+        raise UsageError(f"--examples must be >= 0, got {req.examples}")
+    if req.repeat < 1:
+        raise UsageError(f"--repeat must be >= 1, got {req.repeat}")
+    if req.max_failures is not None and req.max_failures < 1:
+        raise UsageError(f"--max-failures must be >= 1, got {req.max_failures}")
+    if req.timeout is not None and req.timeout <= 0:
+        raise UsageError(f"--timeout must be > 0, got {req.timeout}")
+    if req.max_memory is not None and req.max_memory <= 0:
+        raise UsageError(f"--max-memory must be > 0, got {req.max_memory}")
+    if req.sanitize and backend != "gpu":
+        raise UsageError("--sanitize runs compute-sanitizer memcheck, which needs the GPU backend (this run is on "
+                         "the CPU: Triton's interpreter)")
+    if req.sanitize and not req.isolate:
+        raise UsageError("--sanitize runs the kernel in a worker under compute-sanitizer: not with --no-isolate")
+    for flag, path in (("--json", req.json), ("--junit", req.junit), ("--html", req.html)):
+        # checked now: a run can take minutes, and its results must not be lost at the end
+        if path and path != "-" and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise UsageError(f"{flag} {path}: its directory does not exist")
+    if req.html == "-" or req.junit == "-":
+        raise UsageError("only --json can go to stdout ('-'); --junit and --html need a file")
+
+
+def select(req):
+    """[(entry or case, origin)] from only/keyword/exclude/cases (the whole catalogue when none is given)."""
+    from flashcheck.cases import catalogue
+    from flashcheck.cases.case import Case, parse_case
+
+    names = [n.strip() for text in req.only for n in str(text).split(",") if n.strip()]
+    keywords = [k.strip() for text in req.keyword for k in str(text).split(",") if k.strip()]
+    excluded = [x.strip() for text in req.exclude for x in str(text).split(",") if x.strip()]
+    bases = {n.partition("[")[0] for n in names}
+    unknown = [n for n in names if n.partition("[")[0] not in catalogue.BY_NAME]
+    if unknown:
+        raise UsageError(f"--only: no catalogue case named {', '.join(unknown)} (see `flashcheck cases`)")
+    picked = []
+    if names or keywords or not req.cases:
+        for c in catalogue.CATALOGUE:
+            if (not names and not keywords) or c.name in bases or any(k in c.name for k in keywords):
+                picked.append((c, "catalogue"))
+        if not picked:
+            raise UsageError(f"-k {','.join(keywords)}: no catalogue case name contains any of it")
+    instance_names = {n for n in names if "[" in n}
+    for text in req.cases:
+        try:
+            picked.append((text if isinstance(text, Case) else parse_case(text), "--case"))
+        except (ValueError, SyntaxError, TypeError) as exc:
+            raise UsageError(f"--case {text!r}: {exc}") from None
+    return picked, instance_names, excluded
+
+
+def _excluded(name, excluded):
+    return any(name == x or name.partition("[")[0] == x or (x in name and not x.isidentifier()) for x in excluded)
+
+
+def skip_reason(case, decl, info, backend, max_memory=None):
+    """(reason, group) when this case cannot be judged here, else ("", "")."""
+    from flashcheck.cases.inputs import footprint
+
+    caps = info["caps"]
+    declared = decl.reasons(case)
+    if case.causal and not caps.causal:
+        declared.append("causal (the signature has no causal=; treated as --no-causal)")
+    if case.scale is not None and not caps.scale:
+        declared.append("a scale (the signature has no scale=)")
+    if declared:
+        return "not declared: " + "; ".join(declared), "not declared"
+    if case.gpu_only and backend != "gpu":
+        return f"GPU only: {case.gpu_only}", "GPU only"
+    if case.dtype == "bf16" and backend != "gpu" and info.get("triton"):
+        return f"GPU only: {TRITON_BF16}", "GPU only"
+    device_bytes, host_bytes = footprint(case)
+    limit = max_memory or info.get("device_free")
+    if limit and device_bytes > limit:
+        source = "--max-memory" if max_memory else "free device memory"
+        return (f"too large: needs about {device_bytes / 2 ** 30:.1f} GiB of device memory, {source} is "
+                f"{limit / 2 ** 30:.1f} GiB"), "too large"
+    host = info.get("host_free")
+    if host and host_bytes > host:
+        return (f"too large: the float64 reference needs about {host_bytes / 2 ** 30:.1f} GiB of host memory, "
+                f"{host / 2 ** 30:.1f} GiB are free"), "too large"
+    return "", ""
+
+
+def plan(selected, instance_names, excluded, decl, info, backend, max_memory=None):
+    """The catalogue entries expanded into the dtypes they are about that the kernel declares: a list of
+    (case, origin, skip reason, skip group), in catalogue order."""
+    out = []
+    for entry, origin in selected:
+        if origin == "catalogue":
+            instances = entry.instances(decl.dtypes)
+            if not instances:   # every dtype it is about is undeclared: listed once, as skipped
+                instances = entry.instances()[:1]
+            if instance_names and entry.name not in instance_names:
+                chosen = [i for i in instances if i.name in instance_names]
+                instances = chosen or instances
+        else:
+            instances = [entry if entry.dtype in ("fp32", "fp16", "bf16") else entry.replace(dtype="fp32")]
+        for case in instances:
+            if _excluded(case.name, excluded):
+                continue
+            reason, group = skip_reason(case, decl, info, backend, max_memory)
+            out.append((case, origin, reason, group))
+    return out
+
+
+def _declarations(info, overrides):
+    try:
+        own = info.get("declarations") or {}
+        return Declarations.make(**{**own, **{k: v for k, v in overrides.items() if v is not None}})
+    except DeclarationError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _runner(req, backend):
+    from flashcheck.cases.runner.worker import InProcess, Worker
+
+    timeout = req.timeout or DEFAULT_TIMEOUT[backend]
+    spec = _spec(req.target)
+    if not req.isolate or spec is None:
+        runner = InProcess()
+        return runner, (req.target if not isinstance(req.target, str) else spec)
+    if req.sanitize:
+        from flashcheck.cases.runner import sanitize
+
+        return sanitize.worker(timeout), spec
+    return Worker(timeout), spec
+
+
+def judge(runner, case, settings):
+    """The Verdict of one case through the runner; a hang or a death is a failure of that case."""
+    from flashcheck.cases.oracle import Failure, Kind, Verdict
+    from flashcheck.cases.runner.worker import Died, Hung, Raised
+
+    t0 = time.perf_counter()
+    try:
+        verdict = runner.call(JUDGE, case, settings)
+    except Hung as exc:
+        verdict = Verdict(case, settings.target, [Failure(Kind.TIMEOUT, str(exc))])
+    except Died as exc:
+        verdict = Verdict(case, settings.target, [Failure(exc.kind, str(exc))])
+    except Raised as exc:
+        verdict = Verdict(case, settings.target, [Failure(Kind.EXCEPTION, f"escaped the oracle: {exc}")])
+    if hasattr(runner, "memcheck"):
+        errors = runner.memcheck()
+        if errors and not verdict.failed:
+            verdict.fail(Failure(Kind.MEMCHECK, errors))
+    verdict.seconds = verdict.seconds or time.perf_counter() - t0
+    return verdict
+
+
+def run(req, on_result=None):
+    """Run a verify request; returns the report's Run. Raises UsageError or TargetError (exit status 2)."""
+    from flashcheck.cases import report
+    from flashcheck.cases.backend import backend as active_backend
+    from flashcheck.cases.report.files import Files
+    from flashcheck.cases.runner.target import split_target
+
+    t0 = time.perf_counter()
+    backend = active_backend()
+    _check(req, backend)
+    if isinstance(req.target, str):
+        split_target(req.target)
+    selected, instance_names, excluded = select(req)
+    examples = req.examples
+    if examples is None:
+        examples = 0 if (req.only or req.keyword or req.cases) else DEFAULT_EXAMPLES
+    runner, spec = _runner(req, backend)
+    files = Files(req.json, req.junit, req.html)
+    try:
+        info = runner.open(spec)
+        decl = _declarations(info, req.declarations)
+        name = _name(req.target)
+        settings = Settings(target=name, decl=decl, properties=req.properties, repeat=req.repeat,
+                            maps=bool(req.html), plain=req.sanitize)
+        the_run = report.Run(name, info["describe"], info["caps"], declared=decl.flags())
+        planned = plan(selected, instance_names, excluded, decl, info, backend, req.max_memory)
+        todo = sum(not reason for _, _, reason, _ in planned)
+        if not todo and not examples:
+            reasons = "".join(f"\n  {c.name}: {r}" for c, _, r, _ in planned)
+            raise UsageError(f"nothing to verify: every selected case is skipped on {backend}:{reasons}")
+        progress = report.Progress(todo + examples, enabled=req.progress)
+        entries_total = {c.name.partition("[")[0] for c, origin, _, _ in planned if origin == "catalogue"}
+        entries_judged = set()
+
+        def record(result):
+            the_run.results.append(result)
+            progress.finish(result)
+            if result.status not in ("skip",) and result.origin == "catalogue":
+                entries_judged.add(result.case.name.partition("[")[0])
+            the_run.entries = (len(entries_judged), len(entries_total))
+            the_run.seconds = time.perf_counter() - t0
+            files.update(the_run)
+            if on_result is not None:
+                on_result(result)
+            if req.max_failures and the_run.count("fail") >= req.max_failures:
+                the_run.stopped = f"--max-failures {req.max_failures} reached"
+        n = 0
+        try:
+            for case, origin, reason, group in planned:
+                if the_run.stopped:
+                    break
+                if reason:
+                    record(report.Result(case, "skip", reason=reason, skip_group=group, origin=origin))
+                    continue
+                n += 1
+                progress.start(n, case.name)
+                record(report.Result.of(case, judge(runner, case, settings), origin))
+            if examples and not the_run.stopped:
+                from flashcheck.cases.verify import generated
+
+                generated.run(examples, req.seed, decl, info, backend, lambda c: judge(runner, c, settings),
+                              the_run, record, progress, n)
+        except KeyboardInterrupt:
+            the_run.stopped = "interrupted"
+        progress.close()
+    finally:
+        runner.close()
+    the_run.seconds = time.perf_counter() - t0
+    files.finish(the_run, partial=bool(the_run.stopped == "interrupted"))
+    return the_run
+
+
+def request(target=DEFAULT_TARGET, **options):
+    """A Request from keyword arguments: the declarations (cases/declarations.py FIELDS) and the options of
+    Request, in any order."""
+    from flashcheck.cases.declarations import BY_NAME
+
+    decl = {k: options.pop(k) for k in list(options) if k in BY_NAME}
+    unknown = [k for k in options if k not in Request.__dataclass_fields__]
+    if unknown:
+        raise UsageError(f"unknown option(s) {', '.join(unknown)}; declarations: {', '.join(BY_NAME)}; options: "
+                         f"{', '.join(f for f in Request.__dataclass_fields__ if f not in ('target', 'declarations'))}")
+    for key in ("only", "keyword", "exclude", "cases"):
+        if key in options and isinstance(options[key], str):
+            options[key] = (options[key],)
+    return replace(Request(target=target), declarations=decl, **options)
