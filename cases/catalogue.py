@@ -143,7 +143,9 @@ CATALOGUE = [
          why="fp32 dots need input_precision='ieee'; tf32 keeps 10 mantissa bits (~1e-3 error) and must fail "
              "the fp32 tolerance (seed: tl.dot constraints). On the CPU the interpreter is always exact",
          Nq=64, Nk=64, D=128, dtype="fp32", seed=35),
-    Case("nan_input_propagates", why="a NaN in one query row makes that row NaN, and only that row",
+    Case("nan_input_stays_in_its_row", why="a NaN in one query row must not spread to the other rows (a row max or a "
+         "sum shared across rows lets it); that row's own output is not judged: the protocol admits finite "
+         "inputs only",
          Nq=20, Nk=24, D=16, data="nan_input", seed=36),
     Case("empty_queries", why="Nq = 0 is legal and gives an empty output", Nq=0, Nk=8, D=16, seed=37),
     Case("long_sequence", why="a realistic size: many programs and key blocks with the default tiles",

@@ -1,19 +1,20 @@
-"""PyTorch's scaled_dot_product_attention (SDPA) wrapped in the attention protocol of DESIGN.md, so that
+"""PyTorch's scaled_dot_product_attention (SDPA) wrapped in the attention protocol (docs/design.md), so that
 `flashcheck verify` can judge it:
 
     flashcheck verify examples/sdpa_attention.py:attention
 
-Two conventions differ, and the wrapper bridges both instead of declaring them away:
+Where SDPA differs from the protocol, the wrapper bridges the difference instead of declaring it away:
   * SDPA's is_causal=True is aligned top-left (query i sees keys j <= i); the protocol, like
     FlashAttention, aligns bottom-right (j <= i + Nk - Nq). The two agree only when Nq == Nk, so the
     wrapper never uses is_causal: it passes the bottom-right mask explicitly.
   * A query row that sees no key (causal, Nq > Nk) is a softmax over nothing. The protocol says 0; what
     SDPA gives there has changed with versions and backends (a plain softmax gives NaN, 0/0). The wrapper
     writes 0 into those rows itself.
-  * scale = 0 (every score 0, the output the mean of the visible values): on an H200 with torch 2.11,
-    SDPA's flash and cuDNN backends return NaN for it in fp16 and bf16, and flash is what SDPA picks by
-    default (math and efficient are right). flashcheck's generated cases found this; the wrapper sends
-    scale = 0 to the math backend.
+  * scale <= 0: on an NVIDIA H200 with torch 2.11.0+cu130, SDPA's flash backend returns NaN for scale = 0
+    and for negative scales (scale = -1) in fp16 and bf16 (q, k, v of shape (1, 1, 1, 1) are enough), and
+    its cuDNN backend for scale = 0 too; flash is what SDPA picks by default. The math backend is right. This
+    is a bug of PyTorch's kernels, which flashcheck's generated cases found (docs/found-bugs.md); the wrapper
+    routes every scale <= 0 to the math backend, so that this example shows the rest of SDPA.
 Everything else matches: q (B, H, Nq, D), k and v (B, H, Nk, D), any strides, scale defaulting to
 1/sqrt(D), the output in q's dtype. SDPA has no out= and no log-sum-exp, so verify reports the output
 guard as a reduced check and does not judge the log-sum-exp.
@@ -30,7 +31,7 @@ def attention(q, k, v, *, causal=False, scale=None):
     # SDPA's memory-efficient CUDA kernel needs rows aligned to 8 elements ("cutlassF: no kernel found to
     # launch!" on the H200 for a row pitch of D + 3): hand it dense copies; the protocol allows any strides.
     q, k, v = (t.contiguous() for t in (q, k, v))
-    backends = sdpa_kernel(SDPBackend.MATH) if scale == 0 else contextlib.nullcontext()
+    backends = sdpa_kernel(SDPBackend.MATH) if scale is not None and scale <= 0 else contextlib.nullcontext()
     with backends:
         if not causal:
             return F.scaled_dot_product_attention(q, k, v, scale=scale)

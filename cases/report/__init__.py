@@ -96,14 +96,22 @@ def _row(result):
     return [result.case.name, status, "-", "-", v.note]
 
 
+def _peak(result):
+    v = result.verdict
+    return "-" if v is None or v.peak_bytes is None else f"{v.peak_bytes / 2 ** 20:.1f} MiB"
+
+
 def table(run, width=160):
-    """The results as an aligned text table; the last column is cut to fit `width`."""
-    head = ["case", "verdict", "err/tol", "failure", "first bad element / reason"]
-    rows = [head] + [_row(r) for r in run.results]
-    widths = [max(len(str(row[i])) for row in rows) for i in range(4)]
+    """The results as an aligned text table; the last column is cut to fit `width`. On the GPU a column gives
+    each case's peak extra memory: what the kernel allocated beyond its inputs and output."""
+    peaks = any(r.verdict is not None and r.verdict.peak_bytes is not None for r in run.results)
+    head = ["case", "verdict", "err/tol", "failure"] + (["peak extra"] if peaks else []) + ["first bad element / reason"]
+    rows = [head] + [_row(r)[:4] + ([_peak(r)] if peaks else []) + _row(r)[4:] for r in run.results]
+    cols = len(head) - 1
+    widths = [max(len(str(row[i])) for row in rows) for i in range(cols)]
     lines = []
     for n, row in enumerate(rows):
-        text = ("  ".join(str(c).ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4]).rstrip()
+        text = ("  ".join(str(c).ljust(w) for c, w in zip(row[:cols], widths)) + "  " + row[cols]).rstrip()
         lines.append(text if len(text) <= width else text[:width - 3] + "...")
         if n == 0:
             lines.append("-" * min(width, max(len(x) for x in lines)))

@@ -15,8 +15,13 @@ _FLASHCHECK_HOME = os.path.dirname(os.path.dirname(importlib.util.find_spec("fla
 
 
 def python_command(code):
-    """argv of a fresh interpreter that runs `code` with this flashcheck first on its path."""
-    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {_FLASHCHECK_HOME!r}); {code}"]
+    """argv of a fresh interpreter that runs `code` with this flashcheck imported first, from where this one
+    was. Its directory then leaves the path again: in a source checkout it also holds kernel/, cases/ and
+    reference/, which must not shadow a user's modules of those names (flashcheck's own parts are found
+    through the package, flashcheck.kernel, not through the path)."""
+    home = _FLASHCHECK_HOME
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {home!r}); import flashcheck; "
+                                  f"sys.path.remove({home!r}); {code}"]
 
 
 class TargetError(Exception):

@@ -214,6 +214,26 @@ def judge(runner, case, settings):
     return verdict
 
 
+def _memory(runner, decl, settings, backend):
+    """The --fused check (cases/verify/judging.py memory_probe) as a result of its own."""
+    from flashcheck.cases import report
+    from flashcheck.cases.verify.judging import memory_case
+
+    case = memory_case(decl)
+    if backend != "gpu":
+        return report.Result(case, "skip", reason="GPU only: the kernel's own memory is measured with torch.cuda's "
+                                                  "allocator statistics", skip_group="GPU only", origin="--fused")
+    from flashcheck.cases.oracle import Failure, Kind, Verdict
+    from flashcheck.cases.runner.worker import Died, Hung, Raised
+
+    try:
+        verdict = runner.call("flashcheck.cases.verify.judging:memory_probe", case, settings)
+    except (Hung, Died, Raised) as exc:
+        verdict = Verdict(case, settings.target, [Failure(getattr(exc, "kind", Kind.TIMEOUT if isinstance(exc, Hung)
+                                                                   else Kind.EXCEPTION), str(exc))])
+    return report.Result.of(case, verdict, "--fused")
+
+
 def run(req, on_result=None):
     """Run a verify request; returns the report's Run. Raises UsageError or TargetError (exit status 2)."""
     from flashcheck.cases import report
@@ -235,6 +255,11 @@ def run(req, on_result=None):
     try:
         info = runner.open(spec)
         decl = _declarations(info, req.declarations)
+        if decl.head_dims and not any(decl.head_dim_ok(d) for d in range(1, 257)):
+            from flashcheck.cases.declarations import ranges_text
+
+            raise UsageError(f"--head-dims {ranges_text(decl.head_dims)}: the head dims {ranges_text(decl.head_dims)} "
+                             "are outside 1..256, the range of flashcheck's catalogue and generated cases")
         name = _name(req.target)
         settings = Settings(target=name, decl=decl, properties=req.properties, repeat=req.repeat,
                             maps=bool(req.html), plain=req.sanitize)
@@ -271,6 +296,8 @@ def run(req, on_result=None):
                 n += 1
                 progress.start(n, case.name)
                 record(report.Result.of(case, judge(runner, case, settings), origin))
+            if decl.fused and not the_run.stopped:
+                record(_memory(runner, decl, settings, backend))
             if examples and not the_run.stopped:
                 from flashcheck.cases.verify import generated
 

@@ -1,19 +1,18 @@
 """Generated cases for verify: hypothesis draws cases within everything the kernel declares (dtypes, head
-dims, lengths, causal mode, strides), the first ones representative (B != H, D = 64 or the nearest declared,
-a few hundred keys), and keeps going past a failure: each distinct kind of failure (mismatch, NaN,
-exception, ...) is shrunk to its own minimal Case(...), up to MAX_KINDS of them, within the budget of
-`examples` distinct cases judged. A case drawn twice is judged once.
+dims, lengths, causal mode, strides), after a few representative ones (B != H, D = 64 or the nearest declared,
+a few dozen keys), and judges `examples` distinct cases, whatever fails among them. Then each distinct kind of
+failure (mismatch, NaN, exception, ...) is shrunk on its own to a minimal Case(...) (MAX_KINDS of them at
+most): field by field towards the simplest case that still fails with that kind (B = H = 1, fp32, contiguous,
+no causal, default scale, fewer keys, queries and head dims), always within the declarations. A case drawn
+twice is judged once.
 """
 import random
 
 from flashcheck.cases.case import Case
 
 MAX_KINDS = 5
+SHRINK_STEPS = 80          # judged cases a shrink may spend at most
 REPRESENTATIVE_DIMS = (64, 128, 32, 96, 16, 256)
-
-
-class _Falsified(Exception):
-    """Raised inside the hypothesis test: this example failed with a kind not reported yet."""
 
 
 def _representative(decl, dtypes, backend, caps):
@@ -48,12 +47,54 @@ def strategy(decl, dtypes, backend, caps):
         pin_blocks=caps.blocks, decl=decl, scale=caps.scale)
 
 
+def _simpler(case, decl, dtypes):
+    """Candidates one step simpler than `case`, simplest first, each within the declarations."""
+    from flashcheck.cases.generate.strategies import _fit
+
+    def lengths(n, lo):
+        return [x for x in dict.fromkeys(_fit(decl, m, lo) for m in (lo, 1, 2, n // 2, n - 1)) if x < n]
+
+    steps = [dict(B=1), dict(H=1), dict(data="randn"), dict(layout="contiguous"), dict(causal=False),
+             dict(scale=None), dict(block_m=None, block_n=None), dict(dtype=dtypes[0]), dict(seed=0)]
+    if decl.same_length:
+        steps += [dict(Nq=n, Nk=n) for n in lengths(case.Nk, 1)]
+    else:
+        steps += [dict(Nk=n) for n in lengths(case.Nk, 1)] + [dict(Nq=n) for n in lengths(case.Nq, 0)]
+    steps += [dict(D=d) for d in dict.fromkeys((1, 2, 16, case.D // 2, case.D - 1)) if 0 < d < case.D]
+    for change in steps:
+        if all(getattr(case, k) == v for k, v in change.items()):
+            continue
+        cand = case.replace(**change)
+        if cand.data == "nan_input" and cand.Nq == 0:
+            continue
+        if decl.causal_same_length and cand.causal and cand.Nq != cand.Nk:
+            continue
+        if not decl.reasons(cand):
+            yield cand
+
+
+def shrink(case, kind, verdict_of, decl, dtypes, steps=SHRINK_STEPS):
+    """The simplest case reached from `case` that still fails with `kind`, greedily, one field at a time."""
+    best = case
+    improved = True
+    while improved and steps > 0:
+        improved = False
+        for cand in _simpler(best, decl, dtypes):
+            steps -= 1
+            verdict = verdict_of(cand)
+            if verdict.failed and str(verdict.kind) == kind:
+                best, improved = cand, True
+                break
+            if steps <= 0:
+                break
+    return best
+
+
 def run(examples, seed, decl, info, backend, judge, the_run, record, progress, start):
     """Judge up to `examples` generated cases (judge(case) -> Verdict), recording each distinct case's result
-    with record(Result) and a summary in the_run.notes."""
+    with record(Result), then a minimal failing case per kind of failure, and a summary in the_run.notes."""
     from hypothesis import HealthCheck, Phase, Verbosity, given, settings
     from hypothesis import seed as seeded
-    from hypothesis.errors import Flaky
 
     from flashcheck.cases import report
     from flashcheck.cases.generate.strategies import limits
@@ -67,57 +108,46 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
                              f"judged on this backend ({backend}) for this kernel")
         return
     seen = {}            # case source (without its name) -> Verdict: a case drawn twice is judged once
-    judged = []          # distinct cases judged outside shrinking, in order
-    kinds = {}           # failure kind -> the minimal failing verdict
-    state = {"hunting": None}   # the new kind the current search shrinks, once one is found
+    judged = []          # distinct generated cases, in order
+    shrinking = [False]
 
     def verdict_of(case):
         key = case.source(why=False).split(",", 1)[-1]
         if key not in seen:
-            if state["hunting"] is None:
+            if not shrinking[0]:
                 progress.start(start + len(judged) + 1, f"generated example {len(judged) + 1}")
             seen[key] = judge(case)
-            if state["hunting"] is None:
+            if not shrinking[0]:
                 judged.append(seen[key])
         return seen[key]
 
-    def prop(case):
-        if state["hunting"] is None and len(judged) >= examples and case.source(why=False).split(",", 1)[-1] \
-                not in seen:
-            return                      # the budget is spent: the rest of this search is a formality
-        verdict = verdict_of(case)
-        kind = str(verdict.kind) if verdict.failed else None
-        if kind is None or kind in kinds:
-            return
-        if state["hunting"] in (None, kind):
-            state["hunting"] = kind
-            state["last"] = verdict     # hypothesis replays the minimal failing example last
-            raise _Falsified()
-
-    # the representative cases first, judged as they are (hypothesis does not shrink explicit examples; a
-    # bug they show is also what the search below finds and shrinks)
     for case in _representative(decl, dtypes, backend, caps)[:max(1, examples // 4)]:
         verdict_of(case)
-    test = prop
-    while len(judged) < examples and len(kinds) < MAX_KINDS:
-        before = len(judged)
-        state["hunting"] = None
-        # cases judged before come back first (derandomized: the same sequence), from the cache
-        run_test = settings(max_examples=examples + len(seen), deadline=None, database=None, derandomize=seed is None,
-                            suppress_health_check=list(HealthCheck), report_multiple_bugs=False, print_blob=False,
-                            phases=(Phase.generate, Phase.shrink),
-                            verbosity=Verbosity.quiet)(given(strategy(decl, dtypes, backend, caps))(test))
-        if seed is not None:
-            run_test = seeded(seed + len(kinds))(run_test)
-        try:
-            run_test()
-        except (_Falsified, Flaky):
-            pass
-        if state["hunting"] is None:
-            break                        # a whole search found nothing new
-        kinds[state["hunting"]] = state["last"]
-        if len(judged) == before:
+
+    def prop(case):
+        if len(judged) < examples:
+            verdict_of(case)
+
+    for rounds in range(4):       # another seed when a search repeats itself before the budget is spent
+        if len(judged) >= examples:
             break
+        test = settings(max_examples=examples + len(seen), deadline=None, database=None,
+                        derandomize=seed is None and rounds == 0, suppress_health_check=list(HealthCheck),
+                        phases=(Phase.generate,), verbosity=Verbosity.quiet)(
+            given(strategy(decl, dtypes, backend, caps))(prop))
+        if seed is not None or rounds:
+            test = seeded((seed or 0) + rounds)(test)
+        test()
+
+    first = {}
+    for verdict in judged:
+        if verdict.failed:
+            first.setdefault(str(verdict.kind), verdict)
+    kinds = {}
+    shrinking[0] = True
+    for kind, verdict in list(first.items())[:MAX_KINDS]:
+        progress.start(start + len(judged), f"shrinking a {kind} failure")
+        kinds[kind] = verdict_of(shrink(verdict.case, kind, verdict_of, decl, dtypes))
     for i, verdict in enumerate(judged, 1):
         if not verdict.failed or str(verdict.kind) not in kinds:   # failures: their kind's minimal case below
             verdict.case = verdict.case.replace(name=_example_name(f"hypothesis_{i}", verdict.case))
@@ -130,8 +160,8 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
     if kinds:
         line += (f"; {len(kinds)} distinct failure kind(s), each shrunk to a minimal case: "
                  + ", ".join(f"{k} ({v.case.name})" for k, v in kinds.items()))
-        if len(kinds) >= MAX_KINDS:
-            line += f" (stopped at {MAX_KINDS} kinds)"
+        if len(first) > MAX_KINDS:
+            line += f" ({len(first) - MAX_KINDS} more kind(s) not shrunk)"
     the_run.notes.append(line + ("" if seed is None else f" (--seed {seed})"))
 
 

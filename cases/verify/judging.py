@@ -121,3 +121,57 @@ def _plain_call(kernel, case, caps):
             torch.cuda.synchronize()
     except Exception:  # noqa: BLE001  (the guarded run already judged the kernel; memcheck says the rest)
         pass
+
+
+MEMORY_CASE = "memory_complexity"
+MEMORY_WHY = ("a fused kernel never materialises the Nq x Nk scores (--fused): its extra device memory grows like "
+              "the sequence, not like its square (the unfused baseline's does, by design)")
+
+
+def memory_case(decl, length=1024):
+    """The case of the --fused check: B = 1, H = 4, Nq = Nk = 2 * length (fitted to the declarations), in the
+    first declared half-precision dtype (or the first declared one), D = 64 or the nearest declared."""
+    from flashcheck.cases.case import Case
+    from flashcheck.cases.generate.strategies import _fit
+
+    dtypes = decl.dtypes or ("fp16",)
+    dtype = next((d for d in ("fp16", "bf16", "fp32") if d in dtypes), dtypes[0])
+    D = next((d for d in (64, 128, 32, 16, 256) if decl.head_dim_ok(d)), None) or decl.head_dims[0][0]
+    n = _fit(decl, 2 * length, 1)
+    return Case(f"{MEMORY_CASE}[{dtype}]", why=MEMORY_WHY, H=4, Nq=n, Nk=n, D=D, dtype=dtype)
+
+
+def memory_probe(kernel, case, settings):
+    """The --fused check: the kernel's own device memory (beyond its inputs and output) at Nq = Nk = N and at
+    N / 2. It fails as "memory complexity" when it is at least a quarter byte per score at N and grew about
+    fourfold from N / 2: the scores are materialised."""
+    from flashcheck.cases.backend import device
+
+    caps = oracle.Capabilities.of(kernel)
+    verdict = oracle.Verdict(case, settings.target)
+    half = case.replace(Nq=max(case.Nq // 2, 1), Nk=max(case.Nk // 2, 1))
+    peaks = []
+    for c in (half, case):
+        try:
+            call = oracle.call_kernel(kernel, c, caps, inp.values(c, device()), device(), measure=True)
+        except oracle.RunFailed as stop:
+            verdict.fail(stop.failure)
+            return verdict
+        except oracle.Outcome as other:
+            verdict.status, verdict.note = other.status, other.note
+            return verdict
+        peaks.append(call.peak_bytes)
+        del call
+    small, big = peaks
+    verdict.peak_bytes = big
+    scores = case.B * case.H * case.Nq * case.Nk
+    mib = 2.0 ** 20
+    figures = (f"extra device memory {small / mib:.1f} MiB at Nq = Nk = {half.Nq}, {big / mib:.1f} MiB at "
+               f"{case.Nq}")
+    if big >= scores / 4 and big >= 2.5 * max(small, 1):
+        verdict.fail(Failure(Kind.MEMORY, f"{figures} (x{big / max(small, 1):.1f} for twice the length, "
+                                          f"{big / scores:.2f} bytes per score): the kernel materialises the "
+                                          "Nq x Nk scores"))
+    else:
+        verdict.note = figures
+    return verdict

@@ -1,0 +1,195 @@
+"""verify on kernels with the limits real ones document (tests/limited_kernels.py): declared limits are
+skipped, limits raised as NotImplementedError are "unsupported", out of memory is its own outcome, a
+nondeterministic kernel fails only under --repeat, a top-left causal kernel is judged against a top-left
+reference when it declares so; and the run's own machinery: --exclude, --max-failures, --json -, files
+written as cases finish, usage errors in the user's terms."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.test_verify import ROOT, explain, row, verify
+
+LIMITED = "tests/limited_kernels.py"
+SOME = "partial_last_key_block,cross_nq_gt_nk,causal_nq_lt_nk,layout_bthd"
+
+
+def _json(tmp_path, *args):
+    path = tmp_path / "r.json"
+    proc = verify(*args, "--json", str(path))
+    return proc, json.loads(path.read_text())
+
+
+def _by_name(report):
+    return {c["name"]: c for c in report["cases"]}
+
+
+def test_same_length_kernel_declared_and_undeclared(tmp_path):
+    """--same-length skips Nq != Nk up front; without it, the kernel's NotImplementedError is "unsupported":
+    neither passed nor failed, and the run still exits 0."""
+    declared, rep = _json(tmp_path, f"{LIMITED}:same_length_only", "--same-length", "--examples", "12")
+    assert declared.returncode == 0, explain(declared)
+    cases = _by_name(rep)
+    assert cases["cross_nq_gt_nk[fp32]"]["status"] == "skip"
+    assert "Nq = 48 != Nk = 20 (--same-length)" in cases["cross_nq_gt_nk[fp32]"]["reason"]
+    generated = [c for c in rep["cases"] if c["origin"] == "hypothesis"]
+    assert generated and all(c["status"] == "pass" for c in generated), "generated cases keep Nq == Nk"
+    plain, rep = _json(tmp_path, f"{LIMITED}:same_length_only", "--only", SOME + ",causal_square")
+    assert plain.returncode == 0, explain(plain)
+    cases = _by_name(rep)
+    assert cases["cross_nq_gt_nk[fp32]"]["status"] == "unsupported"
+    assert "needs Nq == Nk" in cases["cross_nq_gt_nk[fp32]"]["note"]
+    assert "unsupported" in rep["summary"]["line"] and rep["summary"]["unsupported"] >= 3
+    assert row(plain.stdout, "cross_nq_gt_nk[fp32]")[1] == "UNSUPPORTED"
+
+
+def test_fp16_only_kernel_passes_when_declared():
+    proc = verify(f"{LIMITED}:fp16_only", "--dtypes", "fp16", "--examples", "50", "-q")
+    assert proc.returncode == 0, explain(proc)
+    assert "50 distinct example(s) judged, 50 without a failure" in proc.stdout
+    undeclared = verify(f"{LIMITED}:fp16_only", "--only", "partial_last_key_block", "-q")
+    assert undeclared.returncode == 1 and "TypeError: fp16 only" in undeclared.stdout, explain(undeclared)
+
+
+def test_last_bit_race_needs_repeat():
+    base = verify(f"{LIMITED}:last_bit_differs", "--only", SOME, "-q")
+    assert base.returncode == 0, explain(base)
+    repeated = verify(f"{LIMITED}:last_bit_differs", "--only", SOME, "--repeat", "3", "-q")
+    assert repeated.returncode == 1, explain(repeated)
+    assert "nondeterministic at (b=0, h=0, row=0, col=0)" in repeated.stdout
+    assert "differs from call 1 in 1 output element(s)" in repeated.stdout
+
+
+def test_top_left_causal_is_judged_against_a_top_left_reference():
+    cases = "causal_nq_lt_nk,causal_nq_gt_nk,causal_square"
+    wrong = verify(f"{LIMITED}:sdpa_is_causal", "--only", cases, "-q")
+    assert wrong.returncode == 1 and "causal_nq_lt_nk[fp32]" in wrong.stdout, explain(wrong)
+    right = verify(f"{LIMITED}:sdpa_is_causal", "--only", cases, "--causal-align", "top-left")
+    assert right.returncode == 0, explain(right)
+    assert row(right.stdout, "causal_nq_gt_nk[fp32]")[1] == "PASS"     # judged, not skipped
+
+
+def test_signature_without_causal_is_an_undeclared_feature(tmp_path):
+    proc, rep = _json(tmp_path, f"{LIMITED}:no_causal_keyword", "--only", "causal_square,partial_last_key_block")
+    assert proc.returncode == 0, explain(proc)
+    cases = _by_name(rep)
+    assert cases["causal_square[fp32]"]["status"] == "skip"
+    assert "the signature has no causal=" in cases["causal_square[fp32]"]["reason"]
+    assert cases["partial_last_key_block[fp32]"]["status"] == "pass"
+    assert "causal= no" in proc.stdout
+
+
+def test_exception_names_file_and_line():
+    proc = verify(f"{LIMITED}:raises_inside", "--only", "one_query", "-q")
+    assert proc.returncode == 1
+    assert "ValueError: unexpected stride (raised at" in proc.stdout and "limited_kernels.py:" in proc.stdout, \
+        explain(proc)
+
+
+def test_out_of_memory_is_its_own_outcome(tmp_path):
+    proc, rep = _json(tmp_path, f"{LIMITED}:out_of_memory_when_long", "--only",
+                      "many_key_chunks,one_query,partial_last_key_block")
+    assert proc.returncode == 0, explain(proc)     # out of memory does not fail the run by itself
+    cases = _by_name(rep)
+    oom = cases["many_key_chunks[fp32]"]
+    assert oom["status"] == "out of memory" and "asked for 32.50 GiB" in oom["note"], oom
+    assert cases["one_query[fp32]"]["status"] == "pass"
+    assert rep["summary"]["out_of_memory"] == 3
+    assert "warning: the kernel ran out of memory on 3 ordinary" in proc.stdout
+
+
+def test_max_memory_skips_cases_too_large_for_it(tmp_path):
+    proc, rep = _json(tmp_path, "--only", "fp16_many_key_blocks,one_query", "--max-memory", "0.001")
+    assert proc.returncode == 0, explain(proc)
+    cases = _by_name(rep)
+    big = cases["fp16_many_key_blocks[fp16]"]
+    assert big["status"] == "skip" and big["reason"].startswith("too large: needs about"), big
+    assert "--max-memory is 0.0 GiB" in big["reason"] and cases["one_query[fp32]"]["status"] == "pass"
+
+
+def test_exclude_and_max_failures():
+    proc = verify("examples/buggy_attention.py:attention", "--only", SOME, "--exclude", "cross_nq_gt_nk",
+                  "--max-failures", "1", "-q")
+    assert proc.returncode == 1, explain(proc)
+    assert "cross_nq_gt_nk" not in proc.stdout
+    assert "stopped early: --max-failures 1 reached" in proc.stdout
+    assert ": 0 passed, 1 failed" in proc.stdout
+
+
+def test_json_dash_is_stdout():
+    proc = verify("--only", "one_query", "--json", "-")
+    assert proc.returncode == 0, explain(proc)
+    report = json.loads(proc.stdout)
+    assert report["summary"]["passed"] == 2 and not report["partial"]
+    assert "verify flashcheck.kernel.fused:attention" in proc.stderr   # the human report went to stderr
+
+
+def test_killed_run_leaves_valid_partial_files(tmp_path):
+    """JSON and JUnit are written as cases finish: a run killed half-way leaves valid files saying so."""
+    path, xml = tmp_path / "r.json", tmp_path / "r.xml"
+    proc = subprocess.Popen([sys.executable, "-m", "flashcheck", "verify", "--json", str(path), "--junit", str(xml),
+                             "--examples", "0"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            if path.exists() and len(json.loads(path.read_text())["cases"]) >= 3:
+                break
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    report = json.loads(path.read_text())
+    assert report["partial"] is True and len(report["cases"]) >= 3
+    import xml.etree.ElementTree as ET
+
+    props = {p.get("name"): p.get("value") for p in ET.parse(xml).getroot().iter("property")}
+    assert props["partial"] == "true"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--backend", "gpu"], "torch sees no CUDA device"),
+    (["--head-dims", "300"], "head dims 300 are outside"),
+    (["--no-causal", "--causal-align", "top-left"], "--causal-align goes with a causal mode"),
+    (["--seq-multiple", "0"], "--seq-multiple"),
+    (["--repeat", "0"], "--repeat must be >= 1"),
+    (["--sanitize"], "needs the GPU backend"),
+    (["not_a_protocol_kernel.py:f"], "does not exist"),
+], ids=["gpu_without_gpu", "head_dims_300", "align_without_causal", "seq_multiple_0", "repeat_0", "sanitize_cpu",
+        "missing"])
+def test_more_usage_errors_exit_2(args, words, backend):
+    if backend == "gpu" and args[:2] in (["--backend", "gpu"], ["--sanitize"]):
+        pytest.skip("a GPU is present")
+    if args[:2] == ["--backend", "gpu"]:
+        proc = subprocess.run([sys.executable, "-m", "flashcheck", *args, "verify"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300, env=dict(os.environ, FLASHCHECK_BACKEND=""))
+    else:
+        proc = verify(*args)
+    assert proc.returncode == 2, explain(proc)
+    assert words in proc.stderr, explain(proc)
+
+
+def test_signature_that_cannot_take_q_k_v_is_a_usage_error(tmp_path):
+    (tmp_path / "two_args.py").write_text("def attention(q, k):\n    return q\n")
+    proc = verify(f"{tmp_path / 'two_args.py'}:attention")
+    assert proc.returncode == 2 and "cannot be called as attention(q, k, v)" in proc.stderr, explain(proc)
+
+
+def test_user_folders_do_not_shadow_flashcheck(tmp_path):
+    """A kernel repository with its own cases/, reference/ and kernel.py: flashcheck's worker imports only its
+    own package."""
+    for name in ("cases", "reference"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("raise ImportError('the user package was imported')\n")
+    (tmp_path / "kernel.py").write_text("from flashcheck.kernel.fused import attention\n")
+    from flashcheck.cases.runner.target import python_command
+
+    argv = python_command("from flashcheck.cases.cli import main; "
+                          "sys.exit(main(['verify', 'kernel:attention', '--only', 'one_query', '-q']))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, explain(proc)
