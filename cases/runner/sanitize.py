@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 
+from flashcheck.cases.runner.worker import Worker
+
 
 def add_arguments(parser):
     parser.add_argument("--target", action="append", default=[],
@@ -99,3 +101,68 @@ def run(args):
             for line in first:
                 print("    " + line.strip())
     return 0 if ok else 1
+
+
+# ---- verify --sanitize: the runner's worker under memcheck ----
+
+def find_tool(name="compute-sanitizer"):
+    """The path of compute-sanitizer, or None (it ships with the CUDA toolkit)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and os.path.exists(os.path.join(home, "bin", name)):
+            return os.path.join(home, "bin", name)
+    return None
+
+
+def worker(timeout):
+    """A runner Worker whose processes run under compute-sanitizer memcheck (verify --sanitize)."""
+    from flashcheck.cases.verify.engine import UsageError
+
+    tool = find_tool()
+    if tool is None:
+        raise UsageError("--sanitize needs compute-sanitizer (it ships with the CUDA toolkit); none on PATH, in "
+                         "$CUDA_HOME/bin or /usr/local/cuda/bin")
+    return SanitizedWorker(timeout, tool)
+
+
+_ERROR_START = re.compile(r"^========= (Invalid|Program hit|Out-of-range|Misaligned|Cuda API error|Error)")
+
+
+def first_error(text):
+    """The first memcheck error of a log, as one line: its headline and the next three lines (where, who)."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if _ERROR_START.match(line):
+            block = [ln.replace("=========", "").strip() for ln in lines[i:i + 4]]
+            return "; ".join(b for b in block if b)
+    return ""
+
+
+class SanitizedWorker(Worker):
+    """The worker's server (and the children it forks) under `compute-sanitizer --tool memcheck`, with PyTorch's
+    caching allocator off so that every tensor is an allocation of its own. memcheck() returns the first error
+    logged since the last call: the case just judged."""
+
+    def __init__(self, timeout, tool):
+        import tempfile
+
+        self.logdir = tempfile.mkdtemp(prefix="flashcheck-memcheck-")
+        self.offsets = {}
+        # memcheck slows a kernel down by one or two orders of magnitude
+        super().__init__(timeout * 10, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, wrap=[
+            tool, "--tool", "memcheck", "--target-processes", "all", "--print-limit", "5",
+            "--log-file", os.path.join(self.logdir, "memcheck.%p.log")])
+
+    def memcheck(self):
+        import glob
+
+        found = ""
+        for path in sorted(glob.glob(os.path.join(self.logdir, "memcheck.*.log"))):
+            with open(path, errors="replace") as f:
+                f.seek(self.offsets.get(path, 0))
+                text = f.read()
+                self.offsets[path] = f.tell()
+            found = found or first_error(text)
+        return found

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# verify on the kernels people ship, on a GPU runner, in one go: PyTorch's SDPA backends and flex_attention
+# (examples/sdpa_backends.py, examples/flex_attention.py), the SDPA example under three seeds, the plain
+# PyTorch formulations and the project's kernels with many generated cases (a false alarm there is a defect
+# of flashcheck), the --fused memory check, --sanitize, and the SDPA backend probe. Jobs run in parallel on
+# the one GPU (JOBS at a time, each under its own time limit); every run writes its JSON under $OUT/runs, and
+# the last step prints one line per run. Usage: OUT=dir [JOBS=12] [SEEDS="0 1"] [EXAMPLES=500] bash scripts/gpu_verify_real.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT/runs"
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+JOBS=${JOBS:-12}; LIMIT=${LIMIT:-420}; EXAMPLES=${EXAMPLES:-500}; SEEDS=${SEEDS:-"0 1 2 3 4 5 6 7 8 9"}
+{ nvidia-smi -L; python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"; } > "$OUT/device.txt" 2>&1
+python scripts/sdpa_probe.py > "$OUT/sdpa_probe.txt" 2>&1 &
+jobs_file=$OUT/jobs.txt; : > "$jobs_file"
+job() { echo "$1|${*:2}" >> "$jobs_file"; }   # name|verify arguments
+for k in flash efficient cudnn math; do job "sdpa_$k" "examples/sdpa_backends.py:$k"; done
+job flex "examples/flex_attention.py:attention --examples 10"
+for s in 1 2 3; do job "sdpa_example_seed$s" "examples/sdpa_attention.py:attention --examples 400 --seed $s"; done
+for f in matmul_softmax einsum sdpa_math in_dtype; do job "plain_$f" "examples/plain_attention.py:$f"; done
+for k in fused unfused; do job "$k" "flashcheck.kernel.$k:attention"; job "${k}_fused_check" "flashcheck.kernel.$k:attention --fused --only one_query"; done
+job plain_fused_check "examples/plain_attention.py:matmul_softmax --fused --only one_query"
+job sdpa_fused_check "examples/sdpa_attention.py:attention --fused --only one_query"
+job sanitize_fused "flashcheck.kernel.fused:attention --sanitize --only partial_last_key_block,causal_nq_gt_nk,head_dim_17"
+job sanitize_mutant "mutant:kv_mask_plus --sanitize --only partial_last_key_block,nk_lt_block_n"
+for s in $SEEDS; do
+  for f in matmul_softmax einsum sdpa_math; do job "stress_${f}_seed$s" "examples/plain_attention.py:$f --only one_query --examples $EXAMPLES --seed $s"; done
+  for k in fused unfused; do job "stress_${k}_seed$s" "flashcheck.kernel.$k:attention --only one_query --examples $EXAMPLES --seed $s"; done
+done
+run_one() {
+  local name=${1%%|*} args=${1#*|}
+  local t0=$SECONDS
+  # shellcheck disable=SC2086
+  timeout "$LIMIT" python -m flashcheck verify $args -q --json "$OUT/runs/$name.json" > "$OUT/runs/$name.log" 2>&1
+  echo "$name rc=$? wall=$((SECONDS - t0))s" >> "$OUT/runs/done.txt"
+}
+export -f run_one; export OUT LIMIT
+# the whole batch stops at TOTAL seconds (runs still going are cut; their JSON says partial)
+tr '\n' '\0' < "$jobs_file" | timeout -s INT "${TOTAL:-900}" xargs -0 -P "$JOBS" -I{} bash -c 'run_one "$@"' _ {}
+wait
+python - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+done_path = os.path.join(out, "runs", "done.txt")
+done = dict(line.split(" ", 1) for line in open(done_path).read().splitlines()) if os.path.exists(done_path) else {}
+names = sorted({f[:-5] for f in os.listdir(os.path.join(out, "runs")) if f.endswith(".json")} | set(done))
+for name in names:
+    done.setdefault(name, "(cut by TOTAL)")
+    path = os.path.join(out, "runs", name + ".json")
+    summary = "no JSON"
+    if os.path.exists(path):
+        d = json.load(open(path))
+        s = d["summary"]
+        summary = (f"pass {s['passed']} fail {s['failed']} inconcl {s['inconclusive']} unsup {s['unsupported']} "
+                   f"oom {s['out_of_memory']} skip {s['skipped']}{' PARTIAL' if d['partial'] else ''}")
+        fails = [c for c in d["cases"] if c["status"] == "fail"]
+        kinds = sorted({c["kind"] for c in fails})
+        if fails:
+            summary += f" kinds {kinds} first {fails[0]['name']}: {fails[0]['failures'][0]['line'][:160]}"
+    print(f"{name:34} {done[name]:22} {summary}")
+PY
+cat "$OUT/sdpa_probe.txt"
+# few files come back from a device call: one archive of the runs
+tar -czf "$OUT/runs.tar.gz" -C "$OUT" runs jobs.txt && rm -rf "$OUT/runs" "$OUT/jobs.txt"
