@@ -7,7 +7,6 @@ device. A sticky CUDA error (illegal address) poisons a process for good: after 
 the worker exits, and pytest-xdist replaces it with a fresh one, so the tests that follow still run.
 """
 import os
-import sys
 
 from flashcheck.cases.backend import select_backend
 
@@ -56,33 +55,17 @@ def pytest_sessionstart(session):
             log.write(f"worker {worker} pid {os.getpid()}: {describe()}\n")
 
 
-def _cuda_poisoned():
-    """The text of a sticky CUDA error in this process, or None."""
-    import torch
-
-    if not torch.cuda.is_initialized():
-        return None
-    try:
-        torch.cuda.synchronize()
-        torch.zeros(1, device="cuda").add_(1).item()
-    except Exception as exc:  # a sticky error surfaces on the next CUDA call, as any exception type
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
-    if BACKEND != "gpu":
-        return
-    poisoned = _cuda_poisoned()
-    if poisoned:
-        sys.stderr.write(f"\nflashcheck: {item.nodeid} left the CUDA context unusable ({poisoned.splitlines()[0]}); "
-                         "restarting this worker\n")
-        sys.stderr.flush()
-        os._exit(3)
+    """A sticky CUDA error (illegal address) poisons this process for good: under pytest-xdist the worker exits
+    and xdist starts a fresh one; in a plain pytest the session stops with its summary (flashcheck.plugin)."""
+    if BACKEND == "gpu":
+        from flashcheck.plugin import restart_if_cuda_poisoned
+
+        restart_if_cuda_poisoned(item)
 
 
-# hypothesis profiles (cases/strategies.py): dev, ci, thorough; pytest's --hypothesis-profile overrides this
+# hypothesis profiles (cases/generate/strategies.py): dev, ci, thorough; pytest's --hypothesis-profile overrides this
 from flashcheck.cases.generate.strategies import load_default_profile  # noqa: E402
 
 load_default_profile()

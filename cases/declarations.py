@@ -18,12 +18,10 @@ FlashAttention before 2.1) are judged against a top-left reference, not skipped.
 The protocol's optional features (GQA, windows, softcap, varlen, backward) arrive as more rows of FIELDS:
 each is a declaration (or is discovered from the signature) and a skip reason for the cases that need it.
 """
-from dataclasses import dataclass, field, fields
-
-from flashcheck.cases.case import DTYPES
+from dataclasses import dataclass, field
 
 ALIGNS = ("bottom-right", "top-left")
-STRIDES = ("any", "last-dim-contiguous", "contiguous")
+STRIDES = ("any", "last-dim-contiguous", "aligned", "contiguous")
 ATTRIBUTE = "flashcheck_declarations"
 # layouts of cases/inputs.py whose every tensor has a unit stride along the head dim ("mixed" holds a
 # d_major v)
@@ -126,7 +124,8 @@ FIELDS = (
           "N", str),
     Field("max_seq", "--max-seq", _positive("max_seq", 1), None, "longest supported Nq and Nk", "N", str),
     Field("strides", "--strides", _choice("strides", STRIDES), "any",
-          "the strides the kernel accepts: any (the protocol), last-dim-contiguous (unit stride along D) or "
+          "the strides the kernel accepts: any (the protocol), last-dim-contiguous (unit stride along D), aligned "
+          "(unit stride along D, every other stride a multiple of 16 bytes: what TMA and vectorised loads need) or "
           "contiguous ((B, H, N, D) dense)", "KIND"),
     Field("fp32_scores", "--fp32-scores", _flag, False,
           "the kernel keeps its scores in fp32 (fused kernels do): fp16/bf16 cases are judged without the "
@@ -216,8 +215,8 @@ class Declarations:
         """The layouts of cases/inputs.py the kernel accepts."""
         from flashcheck.cases.case import LAYOUTS
 
-        return {"any": LAYOUTS, "last-dim-contiguous": _LAST_DIM_CONTIGUOUS, "contiguous": ("contiguous",)}[
-            self.strides]
+        return {"any": LAYOUTS, "last-dim-contiguous": _LAST_DIM_CONTIGUOUS, "aligned": _LAST_DIM_CONTIGUOUS,
+                "contiguous": ("contiguous",)}[self.strides]
 
     def reasons(self, case):
         """Why the declarations exclude this case (empty when they do not)."""
@@ -241,6 +240,14 @@ class Declarations:
                 why.append(f"{name} = {n} not a multiple of --seq-multiple {self.seq_multiple}")
         if case.layout not in self.layouts():
             why.append(f"layout {case.layout} (--strides {self.strides})")
+        elif self.strides == "aligned":
+            from flashcheck.cases.inputs import strides
+
+            elt = case.torch_dtype.itemsize
+            odd = [f"{name} {s}" for name, s in strides(case).items()
+                   if any((x * elt) % 16 for x, n in zip(s[:-1], (case.B, case.H, 2, 2)) if n > 1)]
+            if odd:
+                why.append(f"strides not 16-byte aligned: {odd[0]} elements of {elt} bytes (--strides aligned)")
         return why
 
 

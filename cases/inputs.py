@@ -98,6 +98,18 @@ def tensor_layout(layout, which):
     return MIXED[which] if layout == "mixed" else layout
 
 
+def strides(case):
+    """{"q": strides, "k": ..., "v": ..., "out": ...}: the strides (in elements) each tensor of the case has."""
+    shapes = {"q": (case.B, case.H, case.Nq, case.D), "k": (case.B, case.H, case.Nk, case.D),
+              "v": (case.B, case.H, case.Nk, case.D), "out": (case.B, case.H, case.Nq, case.D)}
+    out = {}
+    for name, shape in shapes.items():
+        storage_shape, perm, slices = _geometry(tensor_layout(case.layout, name), *shape)
+        view = torch.empty(storage_shape, device="meta").permute(perm)
+        out[name] = (view[slices] if slices is not None else view).stride()
+    return out
+
+
 def values(case, device="cpu"):
     """The case's q, k, v (B, H, N, D) in the case's dtype: drawn in float32 on the CPU (the same values on
     every backend), except for huge cases (sample_heads > 0), drawn on `device` to keep them affordable."""

@@ -1,4 +1,4 @@
-"""A small FlashAttention-style forward kernel in Triton, in the attention protocol of DESIGN.md, with a
+"""A small FlashAttention-style forward kernel in Triton, in the attention protocol of docs/design.md, with a
 realistic bug left in on purpose (examples/README.md walks through what `flashcheck verify` says about it):
 
     flashcheck verify examples/buggy_attention.py:attention
@@ -8,7 +8,7 @@ The kernel is the textbook one: one program per block of query rows, an online s
 fp32 dots, masked loads and store, padded head dim. It is right whenever Nq == Nk, which is all that a
 self-attention test ever tries.
 
-The bug is the one the seed note reports first: the host passes ONE sequence length, read off q, and the
+The bug is the one the note the project comes from (docs/design.md) reports first: the host passes ONE sequence length, read off q, and the
 kernel uses it for both roles: query rows (grid, row mask, store) and keys (loop bound, K/V load mask,
 score mask, causal offset). With Nq < Nk the keys past Nq are silently ignored (1 query vs keys [1, 1] and
 values [5, 10] gives 5, not 7.5); with Nq > Nk the loop reads key rows that do not exist.

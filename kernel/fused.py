@@ -1,6 +1,6 @@
 """FlashAttention-2 forward pass, fused in one Triton kernel.
 
-The story, as the seed note tells it:
+The story, as the founding note tells it (docs/design.md, "The seed's requirements"):
   * one program owns BLOCK_M query rows of one (batch, head); programs never talk to each other;
   * Q is loaded once, before the loop (and scaled in the fp32 scores, not in its own dtype: see below);
   * the program streams over K/V in blocks of BLOCK_N keys, keeping a running softmax state in fp32
@@ -11,7 +11,7 @@ The N x N score matrix never exists in memory: HBM traffic is Q, K, V and the ou
 
 Two lengths, never one N: Nq (query rows: grid, row mask, store) and Nk (keys: loop count, K/V load mask,
 score mask). Every comment "guards:" names the catalogue case (cases/catalogue.py) or the mutant of the
-bug corpus (cases/mutants.py) that proves the line is needed.
+bug corpus (cases/corpus/mutants.py) that proves the line is needed.
 
 Cost: reads B*H*(Nq + 2*Nk)*D elements, writes B*H*Nq*D (+ B*H*Nq for the log-sum-exp);
 4*B*H*Nq*Nk*D flops (half that when causal and Nq == Nk).

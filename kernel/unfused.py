@@ -1,4 +1,4 @@
-"""The three-kernel baseline the seed note fuses away: scores -> softmax -> weights x V.
+"""The three-kernel baseline the founding note (docs/design.md) fuses away: scores -> softmax -> weights x V.
 
   1. scores:  a 2-D grid of (BLOCK_M, BLOCK_N) tiles writes S = scale * Q K^T to an fp32 (Nq, Nk) buffer
               per (batch, head) in HBM (causal-masked entries get -inf);
@@ -100,6 +100,12 @@ def _weights_v(W, V, Out,
     tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_DIM))
 
 
+def default_blocks(Nq, Nk, D, dtype):
+    """(BLOCK_M, BLOCK_N) of the scores and P.V tiles, by rule (the caller may override them): larger on the
+    interpreter, which runs one program at a time in NumPy."""
+    return (64, 64) if interpreter_active() else (32, 32)
+
+
 def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, block_m=None, block_n=None):
     """Unfused attention, same protocol as flashcheck.kernel.fused.attention (see its docstring for shapes/dtypes).
     Needs an fp32 (B, H, Nq, Nk) scratch buffer; Nk is capped at MAX_ROW."""
@@ -112,8 +118,8 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
     if B * H * Nq == 0:
         return (out, lse) if return_lse else out
-    default = 64 if interpreter_active() else 32
-    bm, bn = block_m or default, block_n or default
+    bm, bn = default_blocks(Nq, Nk, D, q.dtype)
+    bm, bn = block_m or bm, block_n or bn
     block_d = max(triton.next_power_of_2(D), 16)  # tl.dot needs >= 16 on the GPU; masks keep D exact
     s = torch.empty((B, H, Nq, Nk), dtype=torch.float32, device=q.device)
     _scores[(triton.cdiv(Nq, bm), triton.cdiv(Nk, bn), B * H)](

@@ -44,14 +44,14 @@ def softmax_parts(q, k, v, causal=False, scale=None, align="bottom-right"):
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     seen = visible(q.shape[2], k.shape[2], causal, align)
     with np.errstate(invalid="ignore", over="ignore"):       # NaN inputs propagate, as they should
-        s = np.where(seen, np.einsum("bhid,bhjd->bhij", q, k) * scale, -np.inf)
+        s = np.where(seen, np.matmul(q, np.swapaxes(k, -1, -2)) * scale, -np.inf)
         m = s.max(axis=-1, keepdims=True) if s.shape[-1] else np.full(s.shape[:-1] + (1,), -np.inf)
         m = np.where(np.isneginf(m), 0.0, m)                  # rows that see no key
         e = np.exp(s - m)
         l = e.sum(axis=-1, keepdims=True)
         empty = l == 0
         p = e / np.where(empty, 1.0, l)
-        out = np.einsum("bhij,bhjd->bhid", p, v)
+        out = np.matmul(p, v)
         lse = np.where(empty[..., 0], -np.inf, m[..., 0] + np.log(np.where(empty, 1.0, l)[..., 0]))
     return Softmax(s, seen, p, lse, out)
 

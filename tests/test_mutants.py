@@ -1,4 +1,4 @@
-"""The bug corpus against the suite (cases/mutants.py): every mutant must be killed by each of its named
+"""The bug corpus against the suite (cases/corpus/mutants.py): every mutant must be killed by each of its named
 killer cases; the corpus must still apply to the kernel (drift); the kernels' "guards:" comments must
 name real mutants and cases; the isolation that the GPU relies on must contain crashes and hangs.
 
@@ -52,7 +52,7 @@ def test_corpus_applies_to_the_current_kernel():
             mutants.source(m)
         except MutantDrift as exc:
             drifted.append(str(exc))
-    assert not drifted, "the kernel changed under the bug corpus; update cases/mutants.py:\n" + "\n".join(drifted)
+    assert not drifted, "the kernel changed under the bug corpus; update cases/corpus/mutants.py:\n" + "\n".join(drifted)
 
 
 @pytest.mark.parametrize("find, count", [("this text is in no kernel", 0), ("tl.arange(0, BLOCK_N)", 2)])
@@ -169,7 +169,7 @@ def test_sweep_equivalents_match_generated_mutants():
     """An equivalence entry whose line changed no longer matches: it must be re-reviewed, not kept silently."""
     ids = {g.id for g in sweep.generate()}
     stale = sorted(set(sweep.EQUIVALENT) - ids)
-    assert not stale, f"cases/sweep.py EQUIVALENT entries matching no generated mutant: {stale}"
+    assert not stale, f"cases/corpus/sweep.py EQUIVALENT entries matching no generated mutant: {stale}"
 
 
 def test_docs_table_is_current():

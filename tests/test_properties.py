@@ -1,5 +1,5 @@
-"""Hypothesis property tests (cases/properties.py) of the fused kernel, and of the unfused baseline where the
-issue asks for it, over the case space of cases/strategies.py under the loaded profile (dev, ci, thorough).
+"""Hypothesis property tests (cases/generate/properties.py) of the fused kernel, and of the unfused baseline where the
+issue asks for it, over the case space of cases/generate/strategies.py under the loaded profile (dev, ci, thorough).
 
 A failure's message is the property's report: the first bad element, got, expected, tolerance, and the
 shrunk case as a catalogue entry, one `Case(...)` line to paste into cases/catalogue.py.
@@ -162,7 +162,7 @@ def test_strategy_stays_in_the_legal_space(case):
 
 
 def test_power_names_the_killing_property(tmp_path):
-    """cases/power.py on two mutants: one the reference-free relations cannot see (a softmax temperature
+    """cases/corpus/power.py on two mutants: one the reference-free relations cannot see (a softmax temperature
     error: exp for exp2), one they can (the scale argument applied twice). The first search goes through
     the command line with --jobs 2 (both mutants at once in forked children; a fresh process, since a
     process that has used CUDA cannot fork children that use it); the outcomes come back in corpus order."""

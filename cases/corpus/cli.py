@@ -3,7 +3,7 @@
     flashcheck mutants                  every catalogue case against every mutant: the kill matrix
     flashcheck mutants --killers-only   each mutant against its named killers only (fast)
     flashcheck mutants --markdown       the corpus as a markdown table (docs/mutants.md)
-    flashcheck mutants --sweep          mechanical mutants of kernel/fused.py (cases/sweep.py): the score
+    flashcheck mutants --sweep          mechanical mutants of kernel/fused.py (cases/corpus/sweep.py): the score
 
 Exit status 0 only when every mutant this backend can judge is killed (2: a mutant no longer applies).
 Judging runs in-process on the CPU and in worker subprocesses on the GPU (--isolate / --no-isolate
@@ -100,7 +100,10 @@ def _matrix(args):
     judged = [m for m in chosen if not (m.gpu_only and be != "gpu")]
     skipped = [m for m in chosen if m not in judged]
     if args.killers_only:
-        tasks = [(m, [c for c in judgeable if c.name in m.killers]) for m in judged]
+        # a killer names an entry (its primary instance) or one instance, name[fp16]
+        def runnable(c):
+            return not (c.gpu_only and be != "gpu") and not (be != "gpu" and c.dtype == "bf16")
+        tasks = [(m, [c for c in map(catalogue.get, m.killers) if runnable(c)]) for m in judged]
     else:
         tasks = [(m, judgeable) for m in judged]
     isolate = args.isolate if args.isolate is not None else be == "gpu"
@@ -133,6 +136,8 @@ def _matrix(args):
 
 
 def _report(be, where, cases, tasks, outcomes, skipped, seconds, killers_only):
+    from flashcheck.cases import catalogue
+
     rows = []
     for (m, judged_cases), results in zip(tasks, outcomes):
         res = {c.name: {"kind": str(v.kind), "passed": not v.failed, "seconds": round(v.seconds, 3),
@@ -141,7 +146,8 @@ def _report(be, where, cases, tasks, outcomes, skipped, seconds, killers_only):
         rows.append({"name": m.name, "module": m.module, "breaks": m.breaks, "origin": m.origin,
                      "killers": list(m.killers), "gpu_only": m.gpu_only, "skipped": None,
                      "killed": bool(kills), "results": res,
-                     "named_killers_missed": [k for k in m.killers if k in res and res[k]["passed"]]})
+                     "named_killers_missed": [k for k in m.killers
+                                              if res.get(catalogue.get(k).name, {}).get("passed")]})
     for m in skipped:
         rows.append({"name": m.name, "module": m.module, "breaks": m.breaks, "origin": m.origin,
                      "killers": list(m.killers), "gpu_only": m.gpu_only,
@@ -196,7 +202,7 @@ def _render(report):
             out.append(f"skipped {r['name']}: {r['skipped']}")
     missed = [(r["name"], r["named_killers_missed"]) for r in rows if r["named_killers_missed"]]
     for name, ks in missed:
-        out.append(f"note: {name} survived named killer(s) {', '.join(ks)} (cases/mutants.py names them as killers)")
+        out.append(f"note: {name} survived named killer(s) {', '.join(ks)} (cases/corpus/mutants.py names them as killers)")
     if not report["killers_only"]:
         out.append("")
         out.append("cases that alone kill a mutant (deleting one loses that bug):")

@@ -7,7 +7,7 @@ functions it compiles) and imports it under a name of its own, so the mutant's `
 by the oracle exactly like the real one.
 
 Each mutant records what it breaks, where the bug comes from ("seed: <section>" is the technical note in
-shared/seed/), the catalogue cases expected to kill it and, for the few that only the compiled GPU path
+docs/design.md ("The seed's requirements")), the catalogue cases expected to kill it and, for the few that only the compiled GPU path
 can show, why the interpreter cannot. A find-text that no longer occurs exactly once in the current
 kernel source raises MutantDrift naming the mutant: a refactor of the kernel must carry the corpus along.
 
@@ -82,7 +82,7 @@ def source(mutant):
             which = f"edit {i + 1} of {len(edits)}" if len(edits) > 1 else "its find-text"
             raise MutantDrift(
                 f"mutant {mutant.name}: {which} occurs {count} times in kernel/{mutant.module}.py (must be "
-                f"exactly once; the kernel changed under the mutant, update cases/mutants.py):\n"
+                f"exactly once; the kernel changed under the mutant, update cases/corpus/mutants.py):\n"
                 + _indent(find))
         text = text.replace(find, replace)
     return text
@@ -259,8 +259,8 @@ _SEED_STATE = "seed: The online-softmax state (per-iteration order)"
 _SEED_DOT = "seed: tl.dot constraints that bit"
 _SEED_DECOMP = "seed: Decomposition"
 _SEED_UNFUSED = "seed: The unfused three-kernel baseline (bugs found while building it)"
-_SEED_CAUSAL = "seed: First iteration (a fully masked row needs a guard) + DESIGN.md protocol"
-_CAUSAL_ALIGN = "DESIGN.md: attention protocol (causal is aligned bottom-right, as in FlashAttention)"
+_SEED_CAUSAL = "seed: First iteration (a fully masked row needs a guard) + docs/design.md protocol"
+_CAUSAL_ALIGN = "docs/design.md: attention protocol (causal is aligned bottom-right, as in FlashAttention)"
 _STRIDES = "seed: Not covered here (multiple heads and batches: extra index*stride terms)"
 _OTHER = "other: realistic slip in this kernel's structure"
 # The loop function sees only Nk; the mutants that give one of Nk's roles to Nq first pass Nq in too.

@@ -1,5 +1,5 @@
-"""Measured power of the properties alone: run cases/properties.py (no named catalogue case) against every
-mutant of the bug corpus (cases/mutants.py) and report which mutants they kill, the fraction, and the time.
+"""Measured power of the properties alone: run cases/generate/properties.py (no named catalogue case) against every
+mutant of the bug corpus (cases/corpus/mutants.py) and report which mutants they kill, the fraction, and the time.
 
     python -m flashcheck.cases.corpus.power [--examples N] [--mutant NAME ...] [--property NAME ...] [--shrink] [--seed S]
                           [--jobs N] [--json PATH]
@@ -170,7 +170,7 @@ def main(argv=None):
                         help=f"generated cases per mutant at most (default {DEFAULT_EXAMPLES})")
     parser.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant (repeatable)")
     parser.add_argument("--property", action="append", metavar="NAME",
-                        help="only this property (repeatable; default all of cases/properties.py)")
+                        help="only this property (repeatable; default all of cases/generate/properties.py)")
     parser.add_argument("--shrink", action="store_true", help="shrink each killing case to a minimal one")
     parser.add_argument("--seed", type=int, help="a random seed instead of the derandomized sequence")
     parser.add_argument("--no-isolate", action="store_true", help="run every mutant in this process")

@@ -1,6 +1,6 @@
 """The automatic mutation sweep: mechanical mutants of kernel/fused.py, judged by the whole catalogue.
 
-The hand-written corpus (cases/mutants.py) holds the bugs someone has seen; the sweep asks what else the
+The hand-written corpus (cases/corpus/mutants.py) holds the bugs someone has seen; the sweep asks what else the
 catalogue would miss. It mutates the bodies of the kernel's @triton.jit functions only (not docstrings,
 comments or the host code), one change per mutant:
 
@@ -13,7 +13,7 @@ comments or the host code), one change per mutant:
     constants             every numeric literal +1 and -1
     statement dropped     an assignment or call statement replaced by `pass`
 
-Each mutant is judged in a worker subprocess (cases/mutants.py isolation: a mutant that corrupts memory
+Each mutant is judged in a worker subprocess (cases/corpus/mutants.py isolation: a mutant that corrupts memory
 takes only its own process down) on the catalogue, stopping at the first kill. A survivor is either
 EQUIVALENT (it computes the same results on every legal input; the table below gives the reason for
 each, keyed by a stable id: the operator, the text of the line and the occurrence) or a GAP of the

@@ -1,7 +1,7 @@
 """Properties every correct attention kernel has, as plain functions: usable from pytest
-(tests/test_properties.py), from `flashcheck verify --examples N` (through search()) and from cases/power.py.
+(tests/test_properties.py), from `flashcheck verify --examples N` (through search()) and from cases/corpus/power.py.
 
-Each property takes a kernel (the protocol of DESIGN.md) and a Case and returns None when it holds, or a
+Each property takes a kernel (the protocol of docs/design.md) and a Case and returns None when it holds, or a
 PropertyFailure naming the property, the first bad element (b, h, row, col), got, expected, the tolerance,
 and the case as a paste-ready catalogue entry (Case.source()).
 
@@ -417,7 +417,7 @@ def causal_hidden_keys(kernel, case, hidden=(0, 0), *, trial=None, target="kerne
                     _repro("causal_hidden_keys", hidden))
 
 
-# ---- all of them, for search() and cases/power.py ----
+# ---- all of them, for search() and cases/corpus/power.py ----
 
 @dataclass(frozen=True)
 class Property:

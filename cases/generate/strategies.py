@@ -248,7 +248,7 @@ def _fit(decl, n, lo):
     return n
 
 
-# ---- parameters of the metamorphic relations (cases/properties.py), small and printable ----
+# ---- parameters of the metamorphic relations (cases/generate/properties.py), small and printable ----
 
 def key_permutations(Nk):
     """A permutation of the keys as a short description: ("swap", i, j), ("reverse",), ("rotate", r) or

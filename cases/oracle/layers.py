@@ -31,7 +31,7 @@ import torch
 
 from flashcheck.cases import inputs as inp
 from flashcheck.cases.oracle import tolerance
-from flashcheck.cases.oracle.kinds import Kind, classify_exception, is_out_of_memory
+from flashcheck.cases.oracle.kinds import Kind, _chain, classify_exception, is_out_of_memory
 from flashcheck.cases.oracle.verdict import Capabilities, Failure, Outcome, RunFailed, Verdict
 
 LAYERS = ("reference", "hand", "poison", "guards")
@@ -126,6 +126,9 @@ def call_kernel(kernel, case, caps, qkv, device, guard_fill=float("nan"), measur
     except NotImplementedError as exc:   # flashcheck.Unsupported is one
         raise Outcome("unsupported", _first_line(exc) or type(exc).__name__) from None
     except Exception as exc:  # noqa: BLE001  (the kernel under test may raise anything)
+        declined = next((e for e in _chain(exc) if isinstance(e, NotImplementedError)), None)
+        if declined is not None:   # e.g. torch.compile's "NYI: ..." wrapped in a compiler error
+            raise Outcome("unsupported", f"{_first_line(declined)} (raised as {type(exc).__name__})") from None
         if is_out_of_memory(exc):
             raise Outcome("out of memory", _memory_note(exc, g, device)) from None
         kind, text = classify_exception(exc)

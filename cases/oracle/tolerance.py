@@ -49,6 +49,7 @@ UNIT = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.
 SAFETY = 2.0
 MAX_SHIFT = 40.0                                  # past this a score's weight may change by any factor
 CHUNK = 1 << 22                                   # elements of one (rows, keys, D) block in the |v - out| sum
+EXACT = 1 << 25                                   # up to this many B*H*Nq*Nk*D, that sum exactly (else a bound)
 
 
 @dataclass
@@ -98,7 +99,7 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
         s = np.where(ref.seen, ref.s, 0.0)
         absq = np.abs(q)
         # uncentred magnitude of each dot: its partial sums, and a relative rounding of q or k, scale with it
-        dot_abs = abs(scale) * np.einsum("bhid,bhjd->bhij", absq, np.abs(k))
+        dot_abs = abs(scale) * np.matmul(absq, np.swapaxes(np.abs(k), -1, -2))
         # fp32: the dot's partial sums rounded sqrt(D) times (any order), the scale (and log2 e) applied,
         # the row max subtracted, exp2 of the result: independent per score
         indep = SAFETY * 2.0 * math.sqrt(D) * U32 * dot_abs + 4.0 * U32 * (np.abs(s) + 1.0)
@@ -111,7 +112,7 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
             # across keys moves the weights (centre: the midrange of each column of k)
             kc = k - 0.5 * (np.nanmax(k, axis=2, keepdims=True) + np.nanmin(k, axis=2, keepdims=True)) \
                 if Nk else k
-            common = u * abs(scale) * np.einsum("bhid,bhjd->bhij", absq, np.abs(kc))
+            common = u * abs(scale) * np.matmul(absq, np.swapaxes(np.abs(kc), -1, -2))
             shift = indep + common                 # for the output
             shift_lse = indep + u * dot_abs        # for the lse, which a common shift does move
         else:
@@ -121,15 +122,17 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
         p = np.where(np.isnan(ref.p), 0.0, ref.p)
 
         # --- the weights' relative change, exactly (see the module docstring) --------------------------------
-        z_hi = (p * np.exp(shift)).sum(-1, keepdims=True)
-        z_lo = (p * np.exp(-shift)).sum(-1, keepdims=True)
+        grow, shrink = np.exp(shift), np.exp(-shift)
+        z_hi = (p * grow).sum(-1, keepdims=True)
+        z_lo = (p * shrink).sum(-1, keepdims=True)
         z_lo = np.where(z_lo > 0, z_lo, 1.0)
         z_hi = np.where(z_hi > 0, z_hi, 1.0)
-        rel = np.maximum(np.exp(shift) / z_lo - 1.0, 1.0 - np.exp(-shift) / z_hi)
+        rel = np.maximum(grow / z_lo - 1.0, 1.0 - shrink / z_hi)
+        del grow, shrink
         out = np.where(np.isnan(ref.out), 0.0, ref.out)
-        moved = _weighted_spread(p * rel, v, out, ref.seen)
+        moved = _weighted_spread(p * rel, v, out, ref.seen, causal, align)
         # --- after the softmax ------------------------------------------------------------------------------
-        pv = np.einsum("bhij,bhjd->bhid", p, np.abs(v))
+        pv = np.matmul(p, np.abs(v))
         nk_seen = ref.seen.sum(-1)[None, None, :, None]
         after = SAFETY * 3.0 * np.sqrt(np.maximum(nk_seen, 1)) * U32 * pv + 2.0 * U32 * np.abs(out)  # fp32, 1/l
         if half:
@@ -142,20 +145,21 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
             unnormalised = p * np.exp(np.where(np.isfinite(ref.lse), ref.lse, 0.0)[..., None]
                                       - np.where(ref.seen, s, -np.inf).max(-1, keepdims=True, initial=-np.inf))
             lost = np.where(unnormalised < tiny, p, 0.0) + np.where(p < tiny, np.minimum(p, u * tiny), 0.0)
-            after = after + np.einsum("bhij,bhjd->bhid", lost, np.abs(v))
+            after = after + np.matmul(lost, np.abs(v))
         rounding = 2.0 * u * np.abs(out) + float(torch.finfo(dtype).smallest_normal) * u   # the output's own
         tol = moved + after + rounding
 
         # --- the log-sum-exp ----------------------------------------------------------------------------------
         lse_hi = np.log(np.maximum((p * np.exp(shift_lse)).sum(-1), 1.0))
-        lse_lo = -np.log(np.where((p * np.exp(-shift_lse)).sum(-1) > 0, (p * np.exp(-shift_lse)).sum(-1), 1.0))
+        z = (p * np.exp(-shift_lse)).sum(-1)
+        lse_lo = -np.log(np.where(z > 0, z, 1.0))
         fin_lse = np.where(np.isfinite(ref.lse), np.abs(ref.lse), 0.0)
         tol_lse = (np.maximum(lse_hi, lse_lo) + 4.0 * U32 * (fin_lse + 1.0)
                    + SAFETY * 3.0 * np.sqrt(np.maximum(nk_seen[..., 0], 1)) * U32)
 
         # --- the trivially wrong answers ----------------------------------------------------------------------
         counts = ref.seen.sum(-1, keepdims=True)
-        mean_v = np.einsum("ij,bhjd->bhid", ref.seen / np.maximum(counts, 1), v)
+        mean_v = np.matmul(ref.seen / np.maximum(counts, 1), v)
         mean_v = np.where(counts[None, None] > 0, mean_v, 0.0)
         live = counts[..., 0] > 0
         pmax = np.where(ref.seen, ref.p, -np.inf).max(-1) if Nk else np.zeros(ref.lse.shape)
@@ -166,25 +170,35 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
     return Expectation(ref.out, ref.lse, tol, tol_lse, mean_v, uniform, spread)
 
 
-def _weighted_spread(w, v, out, seen):
-    """min(sum_j w_ij |v_jd - out_id|, max_{j seen} |v_jd - out_id|), (B, H, Nq, D): the weights' change moves
-    the output by at most the first; a correct output is a convex combination of the values its row sees, so
-    it can never be further than the second. In blocks of query rows: the (rows, keys, D) difference would
-    not fit in memory for long sequences."""
+def _weighted_spread(w, v, out, seen, causal, align):
+    """An upper bound of sum_j w_ij |v_jd - out_id|, (B, H, Nq, D): how far the weights' change moves the
+    output. It is also at most max_{j seen} |v_jd - out_id|: a correct output is a convex combination of the
+    values its row sees. Exact up to EXACT elements (in blocks of query rows: the (rows, keys, D) difference
+    would not fit in memory); past that, the centred bound sum_j w_ij |v_jd - c_d| + |out_id - c_d| sum_j w_ij
+    with c the mean value row, which costs one product."""
     B, H, Nq, Nk = w.shape
     D = v.shape[-1]
-    res = np.zeros((B, H, Nq, D))
     if not (Nq and Nk and D):
-        return res
-    rows = max(1, CHUNK // (Nk * D))
-    for b in range(B):
-        for h in range(H):
-            for i in range(0, Nq, rows):
-                diff = np.abs(v[b, h][None, :, :] - out[b, h, i:i + rows][:, None, :])   # (rows, Nk, D)
-                spread = np.einsum("ij,ijd->id", w[b, h, i:i + rows], diff)
-                reach = np.where(seen[i:i + rows, :, None], diff, 0.0).max(1)
-                res[b, h, i:i + rows] = np.minimum(spread, reach)
-    return res
+        return np.zeros((B, H, Nq, D))
+    if B * H * Nq * Nk * D <= EXACT:
+        res = np.zeros((B, H, Nq, D))
+        rows = max(1, CHUNK // (Nk * D))
+        for b in range(B):
+            for h in range(H):
+                for i in range(0, Nq, rows):
+                    diff = np.abs(v[b, h][None, :, :] - out[b, h, i:i + rows][:, None, :])   # (rows, Nk, D)
+                    res[b, h, i:i + rows] = np.einsum("ij,ijd->id", w[b, h, i:i + rows], diff)
+    else:
+        c = v.mean(axis=2, keepdims=True)
+        res = np.matmul(w, np.abs(v - c)) + np.abs(out - c) * w.sum(-1, keepdims=True)
+    # the values a row sees are a prefix of the keys (all of them when not causal)
+    last = np.full(Nq, Nk - 1) if not causal else np.arange(Nq) + (Nk - Nq if align == "bottom-right" else 0)
+    sees = last >= 0
+    idx = np.clip(last, 0, Nk - 1)
+    hi = np.maximum.accumulate(v, axis=2)[:, :, idx]
+    lo = np.minimum.accumulate(v, axis=2)[:, :, idx]
+    reach = np.where(sees[None, None, :, None], np.maximum(np.abs(hi - out), np.abs(out - lo)), 0.0)
+    return np.minimum(res, reach)
 
 
 def loose_rows(expect, share):

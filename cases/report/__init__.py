@@ -192,6 +192,18 @@ def summary(run):
             f"{applies} in {run.seconds:.1f} s{stopped}")
 
 
+def text(run, quiet=False):
+    """The text report of `flashcheck verify`: capabilities, the table, every failure in full, the closing lines
+    and the summary (quiet: only the failures and the closing lines, as -q prints)."""
+    parts = [] if quiet else [capabilities_line(run), "", table(run), ""]
+    failures = details(run)
+    if failures:
+        parts += [failures, ""]
+    parts += reduced_lines(run) + outcome_lines(run) + run.notes + kinds_line(run)
+    parts.append(summary(run))
+    return "\n".join(parts)
+
+
 def publish(text, data, json_path):
     """A human report and its JSON: the text on stdout, or on stderr when the JSON goes to stdout ('-')."""
     print(text, file=sys.stderr if json_path == "-" else sys.stdout)

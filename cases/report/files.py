@@ -94,6 +94,9 @@ def _atomic_write(path, write):
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
+        umask = os.umask(0)        # mkstemp makes the file 0600: give it the permissions a plain open() would
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -355,8 +355,16 @@ class InProcess:
         self.info = None
 
     def open(self, spec):
+        """spec: what load_target takes, or the kernel itself (a callable: flashcheck.verify(fn) with a lambda
+        or a closure, which no worker process could import)."""
+        from flashcheck.cases.runner.target import check_signature
+
         self.spec = spec
-        self.target = load_target(spec)
+        if callable(spec) and not isinstance(spec, str):
+            check_signature(spec, getattr(spec, "__qualname__", repr(spec)))
+            self.target = spec
+        else:
+            self.target = load_target(spec)
         self.info = target_info(self.target)
         return self.info
 

@@ -110,19 +110,7 @@ def run(args):
         the_run = engine.run(req)
     except (UsageError, TargetError) as exc:
         return _usage(exc)
-    out = sys.stderr if args.json == "-" else sys.stdout
-    if not args.quiet:
-        print(report.capabilities_line(the_run), file=out)
-        print(file=out)
-        print(report.table(the_run), file=out)
-        print(file=out)
-    failures = report.details(the_run)
-    if failures:
-        print(failures + "\n", file=out)
-    for line in report.reduced_lines(the_run) + report.outcome_lines(the_run) + the_run.notes \
-            + report.kinds_line(the_run):
-        print(line, file=out)
-    print(report.summary(the_run), file=out)
+    print(report.text(the_run, quiet=args.quiet), file=sys.stderr if args.json == "-" else sys.stdout)
     code = the_run.exit_code()
     if the_run.stopped == "interrupted":
         print("flashcheck verify: interrupted", file=sys.stderr)

@@ -22,6 +22,14 @@ class UsageError(Exception):
     """A request that cannot run as given (exit status 2)."""
 
 
+class NothingToVerify(UsageError):
+    """Every selected case is skipped here; .skipped holds (case name, reason) for each."""
+
+    def __init__(self, message, skipped):
+        super().__init__(message)
+        self.skipped = skipped
+
+
 @dataclass
 class Request:
     """One verify run, as a user asks for it (CLI flags, keyword arguments or plugin options)."""
@@ -82,6 +90,12 @@ def _check(req, backend):
         # checked now: a run can take minutes, and its results must not be lost at the end
         if path and path != "-" and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise UsageError(f"{flag} {path}: its directory does not exist")
+    if req.html:
+        from flashcheck.cases.report import html
+
+        missing = html.missing()
+        if missing:
+            raise UsageError(missing)
     if req.html == "-" or req.junit == "-":
         raise UsageError("only --json can go to stdout ('-'); --junit and --html need a file")
 
@@ -192,6 +206,10 @@ def _runner(req, backend):
     return Worker(timeout), spec
 
 
+def runner_timeout(runner):
+    return getattr(runner, "timeout", None) or DEFAULT_TIMEOUT["gpu"]
+
+
 def judge(runner, case, settings):
     """The Verdict of one case through the runner; a hang or a death is a failure of that case."""
     from flashcheck.cases.oracle import Failure, Kind, Verdict
@@ -199,7 +217,9 @@ def judge(runner, case, settings):
 
     t0 = time.perf_counter()
     try:
-        verdict = runner.call(JUDGE, case, settings)
+        # the float64 reference of a long case takes seconds on the host: a longer limit for it
+        extra = case.B * case.H * case.Nq * case.Nk * case.D // 10 ** 7 if not case.sample_heads else 60
+        verdict = runner.call(JUDGE, case, settings, timeout=runner_timeout(runner) + extra)
     except Hung as exc:
         verdict = Verdict(case, settings.target, [Failure(Kind.TIMEOUT, str(exc))])
     except Died as exc:
@@ -268,7 +288,8 @@ def run(req, on_result=None):
         todo = sum(not reason for _, _, reason, _ in planned)
         if not todo and not examples:
             reasons = "".join(f"\n  {c.name}: {r}" for c, _, r, _ in planned)
-            raise UsageError(f"nothing to verify: every selected case is skipped on {backend}:{reasons}")
+            raise NothingToVerify(f"nothing to verify: every selected case is skipped on {backend}:{reasons}",
+                                  [(c.name, r) for c, _, r, _ in planned])
         progress = report.Progress(todo + examples, enabled=req.progress)
         entries_total = {c.name.partition("[")[0] for c, origin, _, _ in planned if origin == "catalogue"}
         entries_judged = set()
