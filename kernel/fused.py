@@ -45,7 +45,8 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
     for start_n in range(lo, hi, BLOCK_N):
         # K/V rows beyond Nk load as 0, never -inf: a -inf in K makes the dot NaN through 0 * inf.
         # The two conditions are combined with &, not +: a sum of booleans is an OR and reads out of bounds.
-        # guards: mutants kv_other_neg_inf, kv_mask_plus; cases partial_last_key_block, head_dim_17
+        # guards: mutants kv_other_neg_inf, kv_mask_plus, kv_mask_off_by_one, kv_mask_nq, unmasked_tail_block,
+        # inner_lo_not_applied; cases partial_last_key_block, head_dim_17
         if MASKED:
             kv_mask = ((start_n + offs_n)[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM)
             k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
@@ -58,16 +59,17 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
             v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
         # S = Q K^T, accumulated in fp32 and scaled in fp32 (qk_scale = scale * log2(e): the loop works in
         # base 2). fp32 operands need input_precision="ieee": the default tf32 keeps 10 mantissa bits (~1e-3
-        # relative error). guards: mutants fp32_tf32_dot, scale_twice, scale_never
+        # relative error). guards: mutants fp32_tf32_dot, scale_twice, scale_never, exp_instead_of_exp2
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         if MASKED:
             qk = qk * qk_scale
             # The score mask varies along the KEY axis ([None, :] on S); the K/V load mask has the wrong
             # axes (key rows x head-dim columns). guards: mutant score_mask_wrong_axis, case block_m_gt_block_n
+            # (and mutants score_mask_from_kv_mask, score_mask_nq)
             valid = (start_n + offs_n)[None, :] < Nk
             if IS_CAUSAL:
                 # bottom-right alignment: query i sees key j iff j <= i + (Nk - Nq).
-                # guards: mutant causal_top_left, cases causal_nq_lt_nk / causal_nq_gt_nk
+                # guards: mutants causal_top_left, causal_shift_sign; cases causal_nq_lt_nk / causal_nq_gt_nk
                 valid = valid & ((start_n + offs_n)[None, :] <= offs_m[:, None] + causal_shift)
             # -inf on invalid scores: they lose the max and exp to exactly 0. guards: mutant no_score_mask
             qk = tl.where(valid, qk, float("-inf"))
@@ -89,13 +91,15 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
             m_shift = m_new
             qk = qk * qk_scale - m_shift[:, None]
         # c = exp(m_old - m_new) <= 1 rescales BOTH l and acc (the FA2 paper's printed 1/c for acc is wrong).
-        # guards: mutants rescale_paper_inverse, l_not_rescaled, acc_not_rescaled
+        # guards: mutants rescale_paper_inverse, l_not_rescaled, acc_not_rescaled; the state stays fp32 and the
+        # new max keeps the old one: mutants acc_in_input_dtype, l_in_input_dtype, m_new_drops_old_max
         c = tl.math.exp2(m_i - m_shift)
         p = tl.math.exp2(qk)
         l_i = l_i * c + tl.sum(p, 1)
         acc = acc * c[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
         m_i = m_new  # guards: mutant m_never_updated
+        # each pointer advances by its own tensor's row stride. guards: mutant kv_advance_wrong_stride
         k_ptrs += BLOCK_N * stride_kn
         v_ptrs += BLOCK_N * stride_vn
     return acc, l_i, m_i
@@ -117,7 +121,7 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     off_b = off_bh // H
     off_h = off_bh % H
     # Batch/head offsets in int64: B*H*N*D passes 2^31 elements long before one head does.
-    # guards: mutant int32_offsets (GPU case offsets_over_2_31)
+    # guards: mutants int32_offsets (GPU case offsets_over_2_31), batch_head_swapped, k_batch_stride_from_q
     q_base = Q + off_b.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
     k_base = K + off_b.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
     v_base = V + off_b.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
@@ -132,6 +136,7 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     # Q is loaded once and stays in registers for the whole loop. The seed pre-scales it here to save one
     # multiply per score; this kernel scales the fp32 scores instead, because Q * scale rounded back to
     # fp16/bf16 loses bits that large scores need (fp16, raw scores ~1e4, D = 256: error 0.08 against 0.001).
+    # guards: mutants q_head_dim_stride_assumed_1, query_block_from_wrong_axis; case layout_d_major
     q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk, mask=q_mask, other=0.0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -142,9 +147,11 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vk
     # The loop runs over KEYS, so its bounds use Nk (a bound from Nq ignores extra keys: 1 query vs keys
     # [1, 1] and values [5, 10] gave 5, not 7.5). guards: mutant loop_bound_nq, case hand_one_query_two_keys
+    # (and mutant one_length_nq: one length passed for both)
     causal_shift = Nk - Nq
     if IS_CAUSAL:
-        # Never visit a key block that no row of this program can see (causal block skipping) ...
+        # Never visit a key block that no row of this program can see (causal block skipping): the last key
+        # a query block sees is bounded by its BLOCK_M rows. guards: mutant causal_hi_block_n ...
         hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_shift, 0), Nk)
         # ... and skip the masks on blocks that every row sees entirely.
         full_hi = tl.minimum(tl.maximum(start_m + causal_shift + 1, 0), hi) // BLOCK_N * BLOCK_N
@@ -161,17 +168,19 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
                                     INPUT_PRECISION)
 
     # Normalise once. A row that sees no key (causal, Nq > Nk) has l = 0 and acc = 0: its output is 0
-    # (divide by 1, not 0) and its log-sum-exp is -inf. guards: mutant causal_no_masked_row_guard
+    # (divide by 1, not 0) and its log-sum-exp is -inf. guards: mutants causal_no_masked_row_guard,
+    # empty_row_zero_division
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
     # The store is masked by ROW (< Nq) and head-dim column: the last query block may be partial.
-    # guards: mutant store_no_row_mask, case partial_last_query_block
+    # guards: mutants store_no_row_mask, store_row_mask_off_by_one; case partial_last_query_block
     o_mask = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_DIM)
     tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_ok,
              out.to(Out.dtype.element_ty), mask=o_mask)
     if STORE_LSE:
         # lse = ln(sum_j exp(s_j)) = (m + log2 l) * ln 2 in the log2 domain the loop worked in.
         # A row that saw no key has lse = -inf (log2 of l_safe keeps log2(0) out of the computation).
+        # guards: mutant lse_log2_domain
         lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)  # ln 2
         l_ptrs = Lse + off_b.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + offs_m * stride_lm
         tl.store(l_ptrs, lse, mask=offs_m < Nq)
@@ -226,6 +235,7 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
         bm, bn = block_m or bm, block_n or bn
         num_warps, num_stages = num_warps or warps, num_stages or stages
         grid = (triton.cdiv(Nq, bm), B * H)
+        # every tensor passes its own strides. guards: mutants v_strides_from_k, out_strides_from_q
         _attn_fwd[grid](
             q, k, v, out, lse, scale * LOG2E,
             *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),

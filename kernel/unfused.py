@@ -46,7 +46,7 @@ def _scores(Q, K, S, scale,
     k = tl.load(k_ptrs, mask=(offs_n[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM), other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale
     if IS_CAUSAL:
-        # bottom-right: query i sees key j iff j <= i + Nk - Nq
+        # bottom-right: query i sees key j iff j <= i + Nk - Nq. guards: mutant unfused_causal_top_left
         s = tl.where(offs_n[None, :] <= offs_m[:, None] + (Nk - Nq), s, float("-inf"))
     s_ptrs = S + off_b.to(tl.int64) * stride_sz + off_h.to(tl.int64) * stride_sh \
         + offs_m[:, None] * stride_sm + offs_n[None, :] * stride_sn
@@ -65,6 +65,7 @@ def _softmax(S, Lse, stride_sr, stride_sn, Nk, BLOCK: tl.constexpr):
     m = tl.max(s, 0)
     # a row that sees no key (causal, Nq > Nk): shift by 0 so exp gives 0, not NaN; weights 0, lse -inf
     m_shift = tl.where(m == float("-inf"), 0.0, m)
+    # the row max subtracted before exp. guards: mutant unfused_softmax_no_max
     p = tl.exp(s - m_shift)
     l = tl.sum(p, 0)
     l_safe = tl.where(l == 0.0, 1.0, l)
@@ -121,6 +122,8 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
     bm, bn = default_blocks(Nq, Nk, D, q.dtype)
     bm, bn = block_m or bm, block_n or bn
     block_d = max(triton.next_power_of_2(D), 16)  # tl.dot needs >= 16 on the GPU; masks keep D exact
+    # the scores buffer is (Nq, Nk), every tile of it written: the grid's key axis rounds up.
+    # guards: mutants unfused_scores_nq_by_nq, unfused_scores_unwritten
     s = torch.empty((B, H, Nq, Nk), dtype=torch.float32, device=q.device)
     _scores[(triton.cdiv(Nq, bm), triton.cdiv(Nk, bn), B * H)](
         q, k, s, scale, *q.stride(), *k.stride(), *s.stride(), H, Nq, Nk,

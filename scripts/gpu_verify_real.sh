@@ -14,6 +14,19 @@ JOBS=${JOBS:-12}; LIMIT=${LIMIT:-420}; EXAMPLES=${EXAMPLES:-500}; SEEDS=${SEEDS:
 python scripts/sdpa_probe.py > "$OUT/sdpa_probe.txt" 2>&1 &
 jobs_file=$OUT/jobs.txt; : > "$jobs_file"
 job() { echo "$1|${*:2}" >> "$jobs_file"; }   # name|verify arguments
+# SET=final: the evidence that must be re-run after a change (fewer and shorter runs); SET=full: everything
+if [[ ${SET:-full} == final ]]; then
+  for k in flash cudnn efficient; do job "sdpa_$k" "examples/sdpa_backends.py:$k --examples 10"; done
+  job flex "examples/flex_attention.py:attention --head-dims 16-256 --examples 5"
+  for s in 1 2 3; do job "sdpa_example_seed$s" "examples/sdpa_attention.py:attention --only one_query --examples 400 --seed $s"; done
+  job plain_matmul_softmax "examples/plain_attention.py:matmul_softmax"
+  job plain_fused_check "examples/plain_attention.py:matmul_softmax --fused --only one_query"
+  for k in fused unfused; do job "${k}_fused_check" "flashcheck.kernel.$k:attention --fused --only one_query,long_cross_decode"; done
+  job sdpa_fused_check "examples/sdpa_attention.py:attention --fused --only one_query,long_cross_decode"
+  job sanitize_fused "flashcheck.kernel.fused:attention --sanitize --only partial_last_key_block,causal_nq_gt_nk,head_dim_17"
+  for f in matmul_softmax einsum sdpa_math; do job "stress_$f" "examples/plain_attention.py:$f --only one_query --examples $EXAMPLES --seed 7"; done
+  SEEDS=""
+else
 for k in flash efficient cudnn math; do job "sdpa_$k" "examples/sdpa_backends.py:$k"; done
 job flex "examples/flex_attention.py:attention --examples 10"
 for s in 1 2 3; do job "sdpa_example_seed$s" "examples/sdpa_attention.py:attention --examples 400 --seed $s"; done
@@ -23,6 +36,7 @@ job plain_fused_check "examples/plain_attention.py:matmul_softmax --fused --only
 job sdpa_fused_check "examples/sdpa_attention.py:attention --fused --only one_query"
 job sanitize_fused "flashcheck.kernel.fused:attention --sanitize --only partial_last_key_block,causal_nq_gt_nk,head_dim_17"
 job sanitize_mutant "mutant:kv_mask_plus --sanitize --only partial_last_key_block,nk_lt_block_n"
+fi
 for s in $SEEDS; do
   for f in matmul_softmax einsum sdpa_math; do job "stress_${f}_seed$s" "examples/plain_attention.py:$f --only one_query --examples $EXAMPLES --seed $s"; done
   for k in fused unfused; do job "stress_${k}_seed$s" "flashcheck.kernel.$k:attention --only one_query --examples $EXAMPLES --seed $s"; done

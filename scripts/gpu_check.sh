@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The GPU check after a change, in one device call: the suite (pytest -n WORKERS), the bug corpus's killers,
+# the GPU half of the documentation's claims (scripts/check_claims.py --backend gpu), and verify's evidence
+# runs (scripts/gpu_verify_real.sh with SET=final), side by side on the one GPU and all cut at TOTAL seconds.
+# Results under $OUT, as few files (a device call brings back eight at most).
+# Usage: OUT=dir [TOTAL=420] [WORKERS=8] [JOBS=6] bash scripts/gpu_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+TOTAL=${TOTAL:-420}
+(timeout "$TOTAL" python -m pytest -n "${WORKERS:-8}" -p no:cacheprovider -q -ra --junitxml="$OUT/junit.xml" \
+    > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest.log") &
+(timeout "$TOTAL" python -m flashcheck mutants --killers-only --jobs 3 > "$OUT/mutants.log" 2>&1
+ echo "mutants rc=$?" >> "$OUT/mutants.log") &
+(timeout "$TOTAL" python scripts/check_claims.py --backend gpu > "$OUT/claims.log" 2>&1
+ echo "claims rc=$?" >> "$OUT/claims.log") &
+SET=final JOBS=${JOBS:-6} TOTAL=$((TOTAL - 40)) LIMIT=$((TOTAL - 50)) OUT="$OUT/verify" \
+    bash scripts/gpu_verify_real.sh > "$OUT/verify.log" 2>&1
+wait
+echo "=== pytest"; grep -E "^(FAILED|ERROR)|passed|failed|rc=" "$OUT/pytest.log" | tail -25
+echo "=== mutants"; grep -E "SURVIVOR|OK:|FAIL:|rc=" "$OUT/mutants.log" | tail -8
+echo "=== claims"; tail -6 "$OUT/claims.log"
+echo "=== verify"; cat "$OUT/verify.log" | grep -v "UserWarning\|out = F.scaled" | head -60
+tar -czf "$OUT/logs.tar.gz" -C "$OUT" pytest.log mutants.log claims.log verify.log junit.xml 2>/dev/null \
+    && rm -f "$OUT/pytest.log" "$OUT/mutants.log" "$OUT/claims.log" "$OUT/verify.log" "$OUT/junit.xml"

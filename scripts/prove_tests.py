@@ -1,0 +1,106 @@
+"""Prove the tests can fail: delete a check in a scratch copy of the repository and run the test that names
+it; it must go red. A test that stays green with its check gone guards nothing.
+
+    python scripts/prove_tests.py            # every deletion below, one scratch copy each (CPU, a few minutes)
+    python scripts/prove_tests.py -k repeat  # those whose name contains "repeat"
+
+Each deletion is a find/replace of one file (the text must occur exactly once). Exit 1 if any test stays green.
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (name, file, find, replace, test)
+DELETIONS = [
+    ("poison check", "cases/oracle/layers.py", "    if bool(unwritten.any()):", "    if False:",
+     "tests/test_oracle.py::test_unwritten_rows"),
+    ("output guard", "cases/oracle/layers.py", "        if len(stray):", "        if False:",
+     "tests/test_oracle.py::test_out_of_bounds_write"),
+    ("input guard", "cases/oracle/layers.py", "        if len(changed):", "        if False:",
+     "tests/test_oracle.py::test_input_written"),
+    ("NaN diagnosis", "cases/oracle/layers.py", "                fail = _diagnose_nan(kernel, case, caps, qkv, device, fail, heads)",
+     "                pass", "tests/test_oracle.py::test_out_of_bounds_read_told_from_nan"),
+    ("hand value", "cases/oracle/layers.py", '        if "hand" in layers and hand is not None and heads is None:',
+     "        if False:", "tests/test_oracle.py::test_hand_value_is_exact"),
+    ("lse check", "cases/oracle/layers.py", "            if lse is not None:\n                fail = _lse_check",
+     "            if False:\n                fail = _lse_check", "tests/test_oracle.py::test_lse_checked"),
+    ("properties in verify", "cases/verify/judging.py",
+     "        if settings.properties and case.data != \"nan_input\":", "        if False:",
+     "tests/test_oracle.py::test_properties_catch_what_one_reference_run_cannot"),
+    ("inconclusive", "cases/oracle/tolerance.py", "    if not mask.any():\n        return None",
+     "    if True:\n        return None", "tests/test_property_catches.py::test_trivial_answers_are_never_a_pass"),
+    ("repeat", "cases/verify/judging.py", "        if not verdict.failed and settings.repeat > 1:",
+     "        if False:", "tests/test_verify_real.py::test_last_bit_race_needs_repeat"),
+    ("same-length declaration", "cases/declarations.py", "        if self.same_length and case.Nq != case.Nk:",
+     "        if False:", "tests/test_verify_real.py::test_same_length_kernel_declared_and_undeclared"),
+    ("unsupported outcome", "cases/oracle/layers.py",
+     "    except NotImplementedError as exc:   # flashcheck.Unsupported is one\n        raise Outcome(",
+     "    except KeyError as exc:\n        raise Outcome(", "tests/test_verify_real.py::test_same_length_kernel_declared_and_undeclared"),
+    ("out of memory outcome", "cases/oracle/layers.py", "        if is_out_of_memory(exc):\n            raise Outcome(\"out of memory\", _memory_note",
+     "        if False:\n            raise Outcome(\"out of memory\", _memory_note",
+     "tests/test_verify_real.py::test_out_of_memory_is_its_own_outcome"),
+    ("dtype expansion", "cases/case.py", '        return [self.replace(name=f"{self.name}[{d}]", dtype=d) for d in self.dtypes',
+     '        return [self.replace(name=f"{self.name}[{d}]", dtype=d) for d in self.dtypes[:1]',
+     "tests/test_verify.py::test_fused_kernel_passes_a_selection"),
+    ("drift check", "cases/corpus/mutants.py", "        if count != 1:", "        if count == 0:",
+     "tests/test_mutants.py::test_drift_names_the_mutant_and_the_count"),
+]
+for _prop in ("permutation", "v_scaling", "v_shift", "scale_equivariance", "row_locality", "duplication",
+              "convex_hull", "causal_hidden_keys"):
+    DELETIONS.append((f"property {_prop}", "cases/generate/properties.py", f'    return _checked("{_prop}",',
+                      f'    return None and _checked("{_prop}",',
+                      f"tests/test_property_catches.py::test_property_catches_the_kernel_that_breaks_it"))
+
+
+def prove(name, path, find, replace, test, keep):
+    work = tempfile.mkdtemp(prefix="flashcheck-prove-")
+    try:
+        files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                               text=True, check=True).stdout.split()
+        for f in files:
+            if os.path.isfile(os.path.join(ROOT, f)):
+                os.makedirs(os.path.dirname(os.path.join(work, f)) or work, exist_ok=True)
+                shutil.copy2(os.path.join(ROOT, f), os.path.join(work, f))
+        target = os.path.join(work, path)
+        text = open(target).read()
+        if text.count(find) != 1:
+            return "DRIFT", f"the check's text occurs {text.count(find)} times in {path}"
+        open(target, "w").write(text.replace(find, replace))
+        env = dict(os.environ, PYTHONPATH=work)
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", test], cwd=work,
+                              env=env, capture_output=True, text=True, timeout=900)
+        last = (proc.stdout.strip().splitlines() or [""])[-1]
+        return ("RED" if proc.returncode == 1 else "GREEN" if proc.returncode == 0 else f"rc={proc.returncode}"), \
+            f"{last} ({time.perf_counter() - t0:.0f} s)"
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-k", default="", help="only deletions whose name contains this")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch copies")
+    args = parser.parse_args()
+    bad = 0
+    for name, path, find, replace, test in DELETIONS:
+        if args.k not in name:
+            continue
+        if name.startswith("property "):
+            test += f"[{name.split()[1]}]"
+        status, detail = prove(name, path, find, replace, test, args.keep)
+        bad += status != "RED"
+        print(f"{status:6} {name:26} -> {test}  {detail}", flush=True)
+    print(f"{'every test went red' if not bad else f'{bad} deletion(s) left their test green'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
