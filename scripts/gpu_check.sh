@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 TOTAL=${TOTAL:-420}
-(timeout "$TOTAL" python -m pytest -n "${WORKERS:-8}" -p no:cacheprovider -q -ra --junitxml="$OUT/junit.xml" \
-    > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest.log") &
+# SIGINT at the limit: pytest then still prints its summary (the failures' names) and writes the JUnit XML
+(timeout -s INT -k 30 "$TOTAL" python -m pytest -n "${WORKERS:-8}" -p no:cacheprovider -q -rfE --tb=short \
+    --durations=15 --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest.log") &
 (timeout "$TOTAL" python -m flashcheck mutants --killers-only --jobs 3 > "$OUT/mutants.log" 2>&1
  echo "mutants rc=$?" >> "$OUT/mutants.log") &
 (timeout "$TOTAL" python scripts/check_claims.py --backend gpu > "$OUT/claims.log" 2>&1

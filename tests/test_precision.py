@@ -12,11 +12,12 @@ from flashcheck.cases import catalogue, inputs, oracle
 pytestmark = pytest.mark.gpu
 
 
-def _relative_error(attention, case):
+def _worst_ratio(attention, case):
+    """The largest |error| / tolerance over the output (the oracle's per-element tolerance)."""
     q, k, v = inputs.values(case)
     expect = oracle.expectation(case, (q, k, v), "cuda")
     out = attention(q.cuda(), k.cuda(), v.cuda()).double().cpu().numpy()
-    return float(np.abs(out - expect.out).max() / np.abs(expect.out).max()), expect.tol / np.abs(expect.out).max()
+    return float(np.max(np.abs(out - expect.out) / expect.tol))
 
 
 def test_ieee_passes_and_tf32_fails_the_fp32_tolerance(record_property):
@@ -25,13 +26,10 @@ def test_ieee_passes_and_tf32_fails_the_fp32_tolerance(record_property):
 
     case = catalogue.get("fp32_precision")
     tf32 = mutants.load(mutants.get("fp32_tf32_dot"))
-    ieee_err, rel_tol = _relative_error(fused.attention, case)
-    tf32_err, _ = _relative_error(tf32.attention, case)
-    print(f"\nfp32 relative error on {torch.cuda.get_device_name()}: ieee {ieee_err:.3g}, tf32 {tf32_err:.3g}, "
-          f"tolerance {rel_tol:.3g} (relative to max|out|)")
-    for name, value in (("ieee_relative_error", ieee_err), ("tf32_relative_error", tf32_err),
-                        ("relative_tolerance", rel_tol)):
+    ieee, tf32_ratio = _worst_ratio(fused.attention, case), _worst_ratio(tf32.attention, case)
+    print(f"\nfp32 on {torch.cuda.get_device_name()}: largest err/tol ieee {ieee:.3g}, tf32 {tf32_ratio:.3g}")
+    for name, value in (("ieee_err_over_tol", ieee), ("tf32_err_over_tol", tf32_ratio)):
         record_property(name, f"{value:.3g}")   # lands in --junitxml, so GPU runs keep the figures
-    assert ieee_err < rel_tol < tf32_err
+    assert ieee <= 1 < tf32_ratio
     assert oracle.judge(fused.attention, case).passed
     assert oracle.judge(tf32.attention, case).kind == "mismatch"

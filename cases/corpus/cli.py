@@ -153,8 +153,10 @@ def _report(be, where, cases, tasks, outcomes, skipped, seconds, killers_only):
                      "killers": list(m.killers), "gpu_only": m.gpu_only,
                      "skipped": f"GPU only: {m.gpu_only}", "killed": None, "results": {},
                      "named_killers_missed": []})
-    sole = {c.name: [] for c in cases}
-    kills_by_case = {c.name: 0 for c in cases}
+    # with --killers-only a killer may be an instance outside `cases` (head_dim_2[fp16]): count every case judged
+    judged = list(dict.fromkeys([c.name for c in cases] + [n for r in rows for n in r["results"]]))
+    sole = {n: [] for n in judged}
+    kills_by_case = {n: 0 for n in judged}
     for r in rows:
         killers = [n for n, x in r["results"].items() if not x["passed"]]
         for n in killers:
@@ -162,7 +164,7 @@ def _report(be, where, cases, tasks, outcomes, skipped, seconds, killers_only):
         if len(killers) == 1:
             sole[killers[0]].append(r["name"])
     return {"backend": be, "where": where, "seconds": round(seconds, 1), "killers_only": killers_only,
-            "cases": [c.name for c in cases], "mutants": rows,
+            "cases": judged, "mutants": rows,
             "survivors": [r["name"] for r in rows if r["killed"] is False],
             "skipped": [r["name"] for r in rows if r["skipped"]],
             "sole_killer_of": {n: v for n, v in sole.items() if v},
