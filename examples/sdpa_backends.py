@@ -26,7 +26,11 @@ def _sdpa(backend, q, k, v, causal, scale):
         except RuntimeError as exc:
             if "No available kernel" not in str(exc):
                 raise
-            why = "; ".join(str(w.message).splitlines()[0] for w in caught) or str(exc).splitlines()[0]
+            # PyTorch warns once per backend it tried ("... not used because:", "... runtime disabled"), then once
+            # per reason: keep the reasons
+            lines = [str(w.message).splitlines()[0] for w in caught]
+            reasons = [ln for ln in lines if not ln.rstrip().endswith("because:") and "runtime disabled" not in ln]
+            why = "; ".join(dict.fromkeys(reasons)) or str(exc).splitlines()[0]
             raise NotImplementedError(f"SDPA {backend.name} declines this input: {why}") from None
 
 
