@@ -50,6 +50,10 @@ DELETIONS = [
      "tests/test_verify.py::test_fused_kernel_passes_a_selection"),
     ("drift check", "cases/corpus/mutants.py", "        if count != 1:", "        if count == 0:",
      "tests/test_mutants.py::test_drift_names_the_mutant_and_the_count"),
+    ("an import cycle added", "cases/oracle/kinds.py", "import enum\n",
+     "import enum\n\nimport flashcheck.cases.corpus.cli  # noqa: F401\n", "tests/test_layout.py"),
+    ("guards notes, both ways", "kernel/fused.py", "# guards: mutant lse_log2_domain\n", "#\n",
+     "tests/test_mutants.py::test_kernel_guard_comments_name_real_mutants_and_cases"),
 ]
 for _prop in ("permutation", "v_scaling", "v_shift", "scale_equivariance", "row_locality", "duplication",
               "convex_hull", "causal_hidden_keys"):
