@@ -177,6 +177,18 @@ def primary(case):
     return case.instances()[0]
 
 
+def judgeable(backend, cases=None):
+    """The primary instance of each entry (or of `cases`) that `backend` can judge for the project's own Triton
+    kernels: GPU-only entries and bf16 (Triton's interpreter reads it wrongly) need the GPU. What the bug corpus
+    runs its mutants on."""
+    out = []
+    for c in (CATALOGUE if cases is None else cases):
+        inst = c if c.dtype in ("fp32", "fp16", "bf16") else primary(c)
+        if backend == "gpu" or not (inst.gpu_only or inst.dtype == "bf16"):
+            out.append(inst)
+    return out
+
+
 def get(name):
     """A catalogue case by name: an entry's name gives its primary instance, name[dtype] that instance."""
     base, _, dtype = name.partition("[")

@@ -92,18 +92,13 @@ def _matrix(args):
         print("flashcheck mutants: the corpus no longer applies to the kernel:\n" + "\n".join(drift), file=sys.stderr)
         return 2
 
-    # each entry once, in the dtype the corpus judges it in (catalogue.primary); bf16 needs the GPU (Triton's
-    # interpreter reads bfloat16 wrongly)
-    judgeable = [catalogue.primary(c) for c in catalogue.CATALOGUE
-                 if not (c.gpu_only and be != "gpu") and not (be != "gpu" and catalogue.primary(c).dtype == "bf16")]
-    judgeable += args.extra_cases
+    # each entry once, in the dtype the corpus judges it in (catalogue.primary)
+    judgeable = catalogue.judgeable(be) + args.extra_cases
     judged = [m for m in chosen if not (m.gpu_only and be != "gpu")]
     skipped = [m for m in chosen if m not in judged]
     if args.killers_only:
         # a killer names an entry (its primary instance) or one instance, name[fp16]
-        def runnable(c):
-            return not (c.gpu_only and be != "gpu") and not (be != "gpu" and c.dtype == "bf16")
-        tasks = [(m, [c for c in map(catalogue.get, m.killers) if runnable(c)]) for m in judged]
+        tasks = [(m, catalogue.judgeable(be, [catalogue.get(k) for k in m.killers])) for m in judged]
     else:
         tasks = [(m, judgeable) for m in judged]
     isolate = args.isolate if args.isolate is not None else be == "gpu"

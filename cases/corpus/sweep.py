@@ -264,9 +264,9 @@ def run(args):
     generated = generate()
     if args.limit is not None:
         generated = generated[:args.limit]
-    judgeable = [c for c in catalogue.CATALOGUE if not (c.gpu_only and be != "gpu")]
+    judgeable = catalogue.judgeable(be)
     extra = args.extra_cases
-    first = [c for name in FIRST for c in judgeable if c.name == name]
+    first = [c for name in FIRST for c in judgeable if c.name.partition("[")[0] == name]
     cases = first + [c for c in judgeable if c not in first] + extra
     _progress(f"flashcheck mutants --sweep: {len(generated)} mutants of kernel/fused.py x up to {len(cases)} "
               f"cases ({len(extra)} extra) on {describe()}, {args.jobs} job(s)")
@@ -277,7 +277,7 @@ def run(args):
         count[0] += 1
         g = generated[i]
         last_case, last = results[-1]
-        state = f"killed by {last_case.name} ({last.kind})" if not last.passed else "SURVIVED"
+        state = f"killed by {last_case.name} ({last.kind})" if last.failed else "SURVIVED"
         _progress(f"[{count[0]:>3}/{len(generated)}] {mutant.name} {state:<48} {g.op} @ line {g.line}  "
                   f"({time.perf_counter() - t0:.0f} s)")
 
@@ -291,7 +291,7 @@ def run(args):
 def _report(be, where, generated, outcomes, seconds, extra):
     rows = []
     for g, results in zip(generated, outcomes):
-        killer = next(((c.name, v.kind, v.failures[0].line()) for c, v in results if not v.passed), None)
+        killer = next(((c.name, v.kind, v.failures[0].line()) for c, v in results if v.failed), None)
         rows.append({"name": g.mutant.name, "id": g.id, "op": g.op, "line": g.line,
                      "killed_by": killer and killer[0], "kind": killer and killer[1],
                      "failure": killer and killer[2],

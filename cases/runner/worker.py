@@ -230,13 +230,14 @@ def _name(spec):
     return spec if isinstance(spec, str) else getattr(spec, "name", repr(spec))
 
 
-def _read_exact(fd, n, deadline):
-    """n bytes from fd, None at end of file; raises Hung past the deadline."""
+def _read_exact(fd, n, deadline=None):
+    """n bytes from fd, None at end of file; past the deadline (when one is given) raises Hung."""
     chunks, got = [], 0
     while got < n:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            raise Hung()
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise Hung()
         chunk = os.read(fd, n - got)
         if not chunk:
             return None
@@ -248,22 +249,11 @@ def _read_exact(fd, n, deadline):
 # ---- the worker's side ----
 
 def _read_frame(fd):
-    header = _read_blocking(fd, _HEADER.size)
+    header = _read_exact(fd, _HEADER.size)
     if header is None:
         return None
-    body = _read_blocking(fd, _HEADER.unpack(header)[0])
+    body = _read_exact(fd, _HEADER.unpack(header)[0])
     return None if body is None else pickle.loads(body)
-
-
-def _read_blocking(fd, n):
-    chunks, got = [], 0
-    while got < n:
-        chunk = os.read(fd, n - got)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
 
 
 def _write_frame(fd, message):
