@@ -123,12 +123,13 @@ def call_kernel(kernel, case, caps, qkv, device, guard_fill=float("nan"), measur
         result = kernel(g.q.t, g.k.t, g.v.t, **kwargs)
         if cuda:
             torch.cuda.synchronize()
-    except NotImplementedError as exc:   # flashcheck.Unsupported is one
-        raise Outcome("unsupported", _first_line(exc) or type(exc).__name__) from None
     except Exception as exc:  # noqa: BLE001  (the kernel under test may raise anything)
+        # NotImplementedError (flashcheck.Unsupported is one) declines the input, also when a compiler wraps it
+        # (torch.compile's "NYI: ..." inside an InductorError)
         declined = next((e for e in _chain(exc) if isinstance(e, NotImplementedError)), None)
-        if declined is not None:   # e.g. torch.compile's "NYI: ..." wrapped in a compiler error
-            raise Outcome("unsupported", f"{_first_line(declined)} (raised as {type(exc).__name__})") from None
+        if declined is not None:
+            wrapped = "" if declined is exc else f" (raised as {type(exc).__name__})"
+            raise Outcome("unsupported", (_first_line(declined) or type(declined).__name__) + wrapped) from None
         if is_out_of_memory(exc):
             raise Outcome("out of memory", _memory_note(exc, g, device)) from None
         kind, text = classify_exception(exc)
