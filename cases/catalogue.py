@@ -1,6 +1,7 @@
 """The case catalogue: every named case, the bug it guards against, and where that bug comes from.
 
-"seed" refers to the technical note the project comes from, restated in docs/design.md (The seed's requirements) (sections: Decomposition, online-softmax state,
+"seed" refers to the technical note the project comes from, restated in docs/design.md ("The seed's
+requirements"; sections: Decomposition, online-softmax state,
 rescale direction, Masks and sentinels, tl.dot constraints, Verification checklist, unfused baseline).
 Block sizes pinned here reach only kernels that accept block_m/block_n; every bug class is also reached
 through shape variety alone (awkward lengths, cross-attention, many keys), so foreign kernels are judged

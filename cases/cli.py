@@ -5,7 +5,8 @@
     flashcheck bench                      TFLOP/s of the fused kernel against torch's SDPA backends (GPU)
     flashcheck cases                      list the catalogue
 
-Each subcommand lives in its own module (cases/verify/cli.py, cases/corpus/cli.py, cases/bench.py, cases/runner/sanitize.py) that defines
+Each subcommand lives in its own module (cases/verify/cli.py, cases/corpus/cli.py, cases/bench.py,
+cases/runner/sanitize.py) that defines
 add_arguments(parser) and run(args) -> exit code. The backend is chosen before any of them imports Triton.
 """
 import argparse

@@ -61,7 +61,7 @@ for _prop in ("permutation", "v_scaling", "v_shift", "scale_equivariance", "row_
               "convex_hull", "causal_hidden_keys"):
     DELETIONS.append((f"property {_prop}", "cases/generate/properties.py", f'    return _checked("{_prop}",',
                       f'    return None and _checked("{_prop}",',
-                      f"tests/test_property_catches.py::test_property_catches_the_kernel_that_breaks_it"))
+                      "tests/test_property_catches.py::test_property_catches_the_kernel_that_breaks_it"))
 
 
 def prove(name, path, find, replace, test, keep):

@@ -13,7 +13,6 @@ the JUnit XML as properties.
 """
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 
 from flashcheck.cases import inputs as inp

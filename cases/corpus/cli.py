@@ -103,7 +103,8 @@ def _matrix(args):
         tasks = [(m, judgeable) for m in judged]
     isolate = args.isolate if args.isolate is not None else be == "gpu"
     isolate = isolate or args.jobs > 1
-    progress(f"flashcheck mutants: {len(judged)} mutants x {'named killers' if args.killers_only else f'{len(judgeable)} cases'}"
+    what = "named killers" if args.killers_only else f"{len(judgeable)} cases"
+    progress(f"flashcheck mutants: {len(judged)} mutants x {what}"
              f" on {describe()}{' (isolated, %d job(s))' % args.jobs if isolate else ''}")
 
     t0 = time.perf_counter()
@@ -199,7 +200,8 @@ def _render(report):
             out.append(f"skipped {r['name']}: {r['skipped']}")
     missed = [(r["name"], r["named_killers_missed"]) for r in rows if r["named_killers_missed"]]
     for name, ks in missed:
-        out.append(f"note: {name} survived named killer(s) {', '.join(ks)} (cases/corpus/mutants.py names them as killers)")
+        out.append(f"note: {name} survived named killer(s) {', '.join(ks)} "
+                   "(cases/corpus/mutants.py names them as killers)")
     if not report["killers_only"]:
         out.append("")
         out.append("cases that alone kill a mutant (deleting one loses that bug):")

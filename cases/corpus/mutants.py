@@ -6,9 +6,9 @@ kernel/unfused.py): find this text, put that text. The real kernel files never c
 functions it compiles) and imports it under a name of its own, so the mutant's ``attention`` can be judged
 by the oracle exactly like the real one.
 
-Each mutant records what it breaks, where the bug comes from ("seed: <section>" is the technical note in
-docs/design.md ("The seed's requirements")), the catalogue cases expected to kill it and, for the few that only the compiled GPU path
-can show, why the interpreter cannot. A find-text that no longer occurs exactly once in the current
+Each mutant records what it breaks, where the bug comes from ("seed: <section>" is the technical note
+restated in docs/design.md, "The seed's requirements"), the catalogue cases expected to kill it and, for
+the few that only the compiled GPU path can show, why the interpreter cannot. A find-text that no longer occurs exactly once in the current
 kernel source raises MutantDrift naming the mutant: a refactor of the kernel must carry the corpus along.
 
 Judging: in-process on the CPU by default (the interpreter cannot fault a device, and every corpus mutant

@@ -1,7 +1,8 @@
 """Measured power of the properties alone: run cases/generate/properties.py (no named catalogue case) against every
 mutant of the bug corpus (cases/corpus/mutants.py) and report which mutants they kill, the fraction, and the time.
 
-    python -m flashcheck.cases.corpus.power [--examples N] [--mutant NAME ...] [--property NAME ...] [--shrink] [--seed S]
+    python -m flashcheck.cases.corpus.power [--examples N] [--mutant NAME ...] [--property NAME ...] [--shrink]
+                                            [--seed S]
                           [--jobs N] [--json PATH]
 
 For each mutant: hypothesis generates up to N cases (derandomized: a run repeats exactly, and every mutant
@@ -165,7 +166,8 @@ def summary(outcomes, seconds):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m flashcheck.cases.corpus.power", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m flashcheck.cases.corpus.power",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=DEFAULT_EXAMPLES, metavar="N",
                         help=f"generated cases per mutant at most (default {DEFAULT_EXAMPLES})")
     parser.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant (repeatable)")
