@@ -9,7 +9,7 @@ Everything a caller needs is importable from here: `from flashcheck.cases import
 """
 from flashcheck.cases import inputs as inp  # noqa: F401  (tests reach the case's values through here)
 from flashcheck.cases.oracle.layers import (LAYERS, Call, Conventions, call_kernel, compare,  # noqa: F401
-                                           expectation, judge, where_raised)
+                                           expectation, judge, protocol_kwargs, where_raised)
 from flashcheck.cases.oracle.kinds import (Kind, Unsupported, classify_death, classify_exception,  # noqa: F401
                                            is_out_of_memory)
 from flashcheck.cases.oracle.verdict import (STATUSES, Capabilities, Failure, Outcome, RunFailed,  # noqa: F401

@@ -88,7 +88,9 @@ class Call:
     peak_bytes: int = None    # device memory the call took beyond its inputs and its output (GPU)
 
 
-def _kwargs(case, caps, g):
+def protocol_kwargs(case, caps):
+    """The keywords a case passes to a kernel: causal= (unless the signature has none and the case is not causal),
+    scale= when the case sets one, the block pins when the kernel takes them."""
     kwargs = {}
     if case.causal or caps.causal:
         kwargs["causal"] = case.causal
@@ -96,6 +98,11 @@ def _kwargs(case, caps, g):
         kwargs["scale"] = case.scale
     if caps.blocks and (case.block_m or case.block_n):
         kwargs.update(block_m=case.block_m, block_n=case.block_n)
+    return kwargs
+
+
+def _kwargs(case, caps, g):
+    kwargs = protocol_kwargs(case, caps)
     if caps.out:
         kwargs["out"] = g.out.t
     if caps.lse:

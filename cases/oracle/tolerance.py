@@ -66,22 +66,6 @@ class Expectation:
     uniform: bool = False          # every row's softmax is uniform: its answer IS the mean of V
     spread: np.ndarray = None      # (B, H, 1, D): how much V varies over the keys (its scale, if constant)
 
-    def worst(self, got):
-        """(max |got - out| / tol, the element) over finite reference elements (0, None when none)."""
-        return ratio(got, self.out, self.tol)
-
-
-def ratio(got, exp, tol):
-    finite = np.isfinite(exp) & np.isfinite(got)
-    if not finite.any():
-        return 0.0, None
-    err = np.where(finite, np.abs(got - np.where(finite, exp, 0.0)), 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = np.where(finite, err / tol, 0.0)
-    r = np.where(np.isnan(r), 0.0, r)
-    w = np.unravel_index(int(np.argmax(r)), r.shape)
-    return float(r[w]), tuple(int(x) for x in w)
-
 
 def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right", half_scores=True):
     """The reference and the per-element tolerance for a kernel of `dtype` on these inputs.

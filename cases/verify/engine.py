@@ -197,8 +197,7 @@ def _runner(req, backend):
     timeout = req.timeout or DEFAULT_TIMEOUT[backend]
     spec = _spec(req.target)
     if not req.isolate or spec is None:
-        runner = InProcess()
-        return runner, (req.target if not isinstance(req.target, str) else spec)
+        return InProcess(), req.target        # it takes a callable as well as a spec
     if req.sanitize:
         from flashcheck.cases.runner import sanitize
 
@@ -206,12 +205,9 @@ def _runner(req, backend):
     return Worker(timeout), spec
 
 
-def runner_timeout(runner):
-    return getattr(runner, "timeout", None) or DEFAULT_TIMEOUT["gpu"]
-
-
-def judge(runner, case, settings):
-    """The Verdict of one case through the runner; a hang or a death is a failure of that case."""
+def judge(runner, case, settings, fn=JUDGE):
+    """The Verdict of fn(kernel, case, settings) through the runner (by default: judge the case); a hang or a
+    death is a failure of that case."""
     from flashcheck.cases.oracle import Failure, Kind, Verdict
     from flashcheck.cases.runner.worker import Died, Hung, Raised
 
@@ -219,7 +215,8 @@ def judge(runner, case, settings):
     try:
         # the float64 reference of a long case takes seconds on the host: a longer limit for it
         extra = case.B * case.H * case.Nq * case.Nk * case.D // 10 ** 7 if not case.sample_heads else 60
-        verdict = runner.call(JUDGE, case, settings, timeout=runner_timeout(runner) + extra)
+        base = getattr(runner, "timeout", None)      # None in-process: no limit there
+        verdict = runner.call(fn, case, settings, timeout=base and base + extra)
     except Hung as exc:
         verdict = Verdict(case, settings.target, [Failure(Kind.TIMEOUT, str(exc))])
     except Died as exc:
@@ -243,15 +240,8 @@ def _memory(runner, decl, settings, backend):
     if backend != "gpu":
         return report.Result(case, "skip", reason="GPU only: the kernel's own memory is measured with torch.cuda's "
                                                   "allocator statistics", skip_group="GPU only", origin="--fused")
-    from flashcheck.cases.oracle import Failure, Kind, Verdict
-    from flashcheck.cases.runner.worker import Died, Hung, Raised
-
-    try:
-        verdict = runner.call("flashcheck.cases.verify.judging:memory_probe", case, settings)
-    except (Hung, Died, Raised) as exc:
-        verdict = Verdict(case, settings.target, [Failure(getattr(exc, "kind", Kind.TIMEOUT if isinstance(exc, Hung)
-                                                                   else Kind.EXCEPTION), str(exc))])
-    return report.Result.of(case, verdict, "--fused")
+    return report.Result.of(case, judge(runner, case, settings, "flashcheck.cases.verify.judging:memory_probe"),
+                            "--fused")
 
 
 def run(req, on_result=None):

@@ -121,11 +121,8 @@ def _plain_call(kernel, case, caps):
     from flashcheck.cases.backend import device
 
     q, k, v = (t.to(device()).contiguous() for t in inp.values(case, device()))
-    kwargs = {"causal": case.causal} if (case.causal or caps.causal) else {}
-    if case.scale is not None:
-        kwargs["scale"] = case.scale
     try:
-        kernel(q, k, v, **kwargs)
+        kernel(q, k, v, **oracle.protocol_kwargs(case, caps))
         if q.is_cuda:
             torch.cuda.synchronize()
     except Exception:  # noqa: BLE001  (the guarded run already judged the kernel; memcheck says the rest)
