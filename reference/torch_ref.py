@@ -1,12 +1,17 @@
-"""Attention in PyTorch in any dtype: the same-precision baseline. Its error against the float64
-reference, on the same inputs, sets the tolerance for a kernel working in that dtype (the rule of the
-FlashAttention tests: a kernel may be at most about twice as wrong as PyTorch in the same precision).
+"""Attention in PyTorch.
 
-Computed as a plain framework user would: scores and softmax in the input dtype, no upcast, tf32 off.
+attention(): in any dtype, computed as a plain framework user would (scores and softmax in the input dtype,
+no upcast; no_tf32() for fp32): one of the independent correct formulations the tolerance is tested against.
+
+softmax_parts(): numpy_ref.softmax_parts in float64 torch, on the inputs' device: the same definition, so
+that the oracle's reference and tolerance run where the kernel does (on a GPU, large cases cost milliseconds
+instead of seconds of host time). tests/test_reference.py holds it to numpy_ref, the oracle of record.
 """
 import math
 
 import torch
+
+from flashcheck.reference.numpy_ref import ALIGNS, Softmax
 
 
 def attention(q, k, v, causal=False, scale=None, upcast=False):
@@ -27,6 +32,48 @@ def attention(q, k, v, causal=False, scale=None, upcast=False):
     out = torch.matmul(p, v)
     saw_no_key = (lse == float("-inf"))[..., None]   # softmax over all -inf is NaN; the protocol says 0
     return torch.where(saw_no_key, torch.zeros_like(out), out), lse
+
+
+def visible(Nq, Nk, causal, align="bottom-right", device=None):
+    """numpy_ref.visible as a (Nq, Nk) bool tensor on `device`."""
+    if not causal:
+        return torch.ones((Nq, Nk), dtype=torch.bool, device=device)
+    if align not in ALIGNS:
+        raise ValueError(f"causal alignment {align!r} not in {ALIGNS}")
+    shift = Nk - Nq if align == "bottom-right" else 0
+    return torch.arange(Nk, device=device)[None, :] <= torch.arange(Nq, device=device)[:, None] + shift
+
+
+def softmax_parts(q, k, v, causal=False, scale=None, align="bottom-right"):
+    """numpy_ref.softmax_parts for float64 tensors (B, H, N, D) on one device: a Softmax of tensors there."""
+    D = q.shape[-1]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    seen = visible(q.shape[2], k.shape[2], causal, align, q.device)
+    neg_inf = torch.tensor(float("-inf"), dtype=torch.float64, device=q.device)
+    s = torch.where(seen, torch.matmul(q, k.transpose(-1, -2)) * scale, neg_inf)
+    m = s.amax(-1, keepdim=True) if s.shape[-1] else torch.full(s.shape[:-1] + (1,), float("-inf"),
+                                                                 dtype=s.dtype, device=s.device)
+    m = torch.where(torch.isneginf(m), 0.0, m)                # rows that see no key
+    e = torch.exp(s - m)
+    l = e.sum(-1, keepdim=True)
+    empty = l == 0
+    p = e / torch.where(empty, 1.0, l)
+    out = torch.matmul(p, v)
+    lse = torch.where(empty[..., 0], float("-inf"), m[..., 0] + torch.log(torch.where(empty, 1.0, l)[..., 0]))
+    return Softmax(s, seen, p, lse, out)
+
+
+def prefix_range(v, Nq, causal, align="bottom-right"):
+    """(lo, hi, last) over the keys each of Nq query rows sees, which are a prefix of the keys (all of them when
+    not causal): lo and hi (B, H, Nq, D) the min and max of each column of v (B, H, Nk, D) over them, last (Nq,)
+    the index of the last key a row sees (below 0: none, and lo, hi there are key 0's)."""
+    Nk = v.shape[2]
+    if causal:
+        last = torch.arange(Nq, device=v.device) + (Nk - Nq if align == "bottom-right" else 0)
+    else:
+        last = torch.full((Nq,), Nk - 1, device=v.device)
+    idx = last.clamp(0, Nk - 1)
+    return torch.cummin(v, 2).values[:, :, idx], torch.cummax(v, 2).values[:, :, idx], last
 
 
 def no_tf32():

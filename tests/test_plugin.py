@@ -67,6 +67,9 @@ def repo(tmp_path):
 def pytest_in(repo, *args, autoload=False):
     """`python -m pytest ARGS` in the scratch repository (the backend inherited: FLASHCHECK_BACKEND)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_ADDOPTS"))}
+    # this checkout importable from the scratch repository even where flashcheck is not installed (a GPU
+    # runner with PYTHONPATH=.: a relative path would point into the scratch repository)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     plugins = []
     if not autoload:
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"

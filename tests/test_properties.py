@@ -186,8 +186,9 @@ def test_power_names_the_killing_property(tmp_path):
     assert "2 at a time" in run.stdout and "killed 1/2 mutants" in run.stdout, run.stdout
     by_name = {o.mutant: o for o in outcomes}
     twice, exp = by_name["scale_twice"], by_name["exp_instead_of_exp2"]
-    assert twice.status == "killed" and twice.prop == "scale_equivariance", twice
-    assert parse_case(twice.entry).name == "found_scale_equivariance"
+    # which relation kills it first depends on the draws (scale_equivariance on the CPU, permutation on an H200)
+    assert twice.status == "killed" and twice.prop in relations, twice
+    assert parse_case(twice.entry).name == f"found_{twice.prop}"
     assert exp.status == "missed" and exp.examples >= 8, exp
     (killed,) = power.measure(["exp_instead_of_exp2"], examples=8, props=("reference",), isolate=False)
     assert killed.status == "killed" and killed.prop == "reference", killed

@@ -74,3 +74,27 @@ def test_large_scores_do_not_overflow():
     out, lse = numpy_ref.attention(q, k, np.array([1.0, 2.0]).reshape(1, 1, 2, 1), scale=1.0)
     assert np.isfinite(out).all() and np.isfinite(lse).all()
     assert out.item() == pytest.approx(1.0 + 1 / (1 + math.exp(10)), rel=1e-9)
+
+
+@pytest.mark.parametrize("align", numpy_ref.ALIGNS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("nq,nk", [(7, 7), (5, 11), (11, 5), (0, 3), (1, 1)])
+def test_torch_softmax_parts_is_the_numpy_oracle(causal, align, nq, nk):
+    """The oracle's reference runs in torch on the kernel's device (reference/torch_ref.softmax_parts); it must
+    be numpy_ref's definition: same masks, same empty rows, same NaN rows, values to float64 rounding."""
+    q, k, v = _rand(2, 3, nq, 8, seed=1) * 10, _rand(2, 3, nk, 8, seed=2) * 10, _rand(2, 3, nk, 8, seed=3)
+    if nq > 2:
+        q[1, 2, 2, 3] = float("nan")
+    ref = numpy_ref.softmax_parts(q.numpy(), k.numpy(), v.numpy(), causal, None, align)
+    got = torch_ref.softmax_parts(q, k, v, causal, None, align)
+    np.testing.assert_array_equal(got.seen.numpy(), ref.seen)
+    for name in ("s", "p", "lse", "out"):
+        np.testing.assert_allclose(getattr(got, name).numpy(), getattr(ref, name), rtol=1e-12, atol=1e-300,
+                                   err_msg=name)
+    lo, hi, last = torch_ref.prefix_range(v, nq, causal, align)
+    for i in range(nq):
+        keys = ref.seen[i]
+        assert (last[i].item() >= 0) == keys.any()
+        if keys.any():
+            np.testing.assert_array_equal(lo[:, :, i].numpy(), v.numpy()[:, :, keys].min(2))
+            np.testing.assert_array_equal(hi[:, :, i].numpy(), v.numpy()[:, :, keys].max(2))

@@ -27,8 +27,12 @@ EXAMPLES = {"dev": 60, "ci": 150, "thorough": 600}
 # on the CPU (60 cases): last key dropped 77 % (fp32), 67 % (fp16), 23 % (bf16: eight bits leave wide
 # tolerances); wrong temperature 45 %, 32 %, 22 %. A tolerance grown loose would lower them; the floors keep a
 # margin under those figures.
+# On a GPU the cases are longer (up to 256 keys, and draws of 16k), so one dropped key matters on fewer of them:
+# measured on an H200 (fp32, 60 cases), last key dropped 40 %, wrong temperature 27 %.
 APPLICABLE = {"last_key_dropped": {"fp32": 0.5, "fp16": 0.4, "bf16": 0.15},
               "natural_log_temperature": {"fp32": 0.3, "fp16": 0.2, "bf16": 0.12}}
+APPLICABLE_GPU = {"last_key_dropped": {"fp32": 0.3, "fp16": 0.25, "bf16": 0.15},
+                  "natural_log_temperature": {"fp32": 0.2, "fp16": 0.15, "bf16": 0.12}}
 DTYPES = ("fp32", "fp16", "bf16")
 
 
@@ -84,5 +88,6 @@ def test_correct_formulations_pass_and_near_misses_fail(dtype, device, backend, 
     assert stats["inconclusive"] <= 0.15 * stats["cases"], f"too many cases too wide to judge: {stats}"
     for name in WRONG:
         applicable, caught = stats[f"{name}_applicable"], stats[f"{name}_caught"]
-        assert applicable >= APPLICABLE[name][dtype] * stats["cases"] and caught == applicable, \
+        floor = (APPLICABLE_GPU if backend == "gpu" else APPLICABLE)[name][dtype]
+        assert applicable >= floor * stats["cases"] and caught == applicable, \
             f"{name}: caught {caught} of {applicable} cases where it moves the answer; {stats}"

@@ -39,6 +39,7 @@ import torch
 from flashcheck.cases import inputs as inp
 from flashcheck.cases import oracle
 from flashcheck.cases.oracle.tolerance import Expectation
+from flashcheck.reference import torch_ref
 from flashcheck.reference.numpy_ref import visible
 
 REFERENCE_LAYERS = oracle.LAYERS
@@ -368,13 +369,11 @@ def convex_hull(kernel, case, *, trial=None, target="kernel"):
         out = t.run().out
         if out.size == 0:
             return None
-        v = _f64(t.qkv[2]).numpy()
         # a row sees a prefix of the keys: 0..Nk-1, or 0..i+Nk-Nq when causal (none when that is < 0)
-        last = np.arange(case.Nq) + _shift(case, t.conventions) if case.causal else np.full(case.Nq, case.Nk - 1)
+        lo, hi, last = (x.numpy() for x in torch_ref.prefix_range(_f64(t.qkv[2]), case.Nq, case.causal,
+                                                                   t.conventions.causal_align))
         sees = last >= 0
         idx = np.clip(last, 0, case.Nk - 1)
-        lo = np.minimum.accumulate(v, axis=2)[:, :, idx]
-        hi = np.maximum.accumulate(v, axis=2)[:, :, idx]
         tol = t.expect().tol
         rows = sees[None, None, :, None]
         below = rows & (out < lo - tol)

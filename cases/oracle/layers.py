@@ -224,10 +224,19 @@ def _check_memory(call, caps):
 
 def expectation(case, qkv, device=None, conventions=Conventions()):
     """The float64 reference of a case on these inputs (torch tensors of its dtype) and the per-element
-    tolerance a kernel following `conventions` is held to (cases/oracle/tolerance.py)."""
-    q, k, v = (_to_numpy(t) for t in qkv)
-    return tolerance.expectation(case.torch_dtype, q, k, v, causal=case.causal, scale=case.scale,
-                                 align=conventions.causal_align, half_scores=not conventions.fp32_scores)
+    tolerance a kernel following `conventions` is held to (cases/oracle/tolerance.py), computed on `device`
+    (default: where the tensors are), or on the host when the device has no room for it."""
+    def on(where):
+        return tolerance.expectation(case.torch_dtype, *qkv, causal=case.causal, scale=case.scale, device=where,
+                                     align=conventions.causal_align, half_scores=not conventions.fp32_scores)
+
+    try:
+        return on(device)
+    except Exception as exc:  # noqa: BLE001
+        if not is_out_of_memory(exc) or str(device or qkv[0].device).startswith("cpu"):
+            raise
+    torch.cuda.empty_cache()
+    return on("cpu")
 
 
 def _heads(case):

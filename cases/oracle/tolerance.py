@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from flashcheck.reference import numpy_ref
+from flashcheck.reference import torch_ref
 
 U32 = 2.0 ** -24                                  # fp32 unit roundoff
 UNIT = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
@@ -67,94 +67,109 @@ class Expectation:
     spread: np.ndarray = None      # (B, H, 1, D): how much V varies over the keys (its scale, if constant)
 
 
-def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right", half_scores=True):
+def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right", half_scores=True, device=None):
     """The reference and the per-element tolerance for a kernel of `dtype` on these inputs.
 
-    q, k, v: float64 arrays (B, H, N, D) holding the dtype-rounded values the kernel was given.
+    q, k, v: (B, H, N, D) tensors or arrays holding the dtype-rounded values the kernel was given. Computed in
+    float64 on `device` (default: q's device, or the CPU for arrays); the Expectation holds NumPy arrays.
     half_scores=False: the kernel keeps its scores in fp32 (declared --fp32-scores): no allowance for scores
     rounded to a half-precision dtype."""
+    device = device or (q.device if isinstance(q, torch.Tensor) else "cpu")
+    q, k, v = (torch.as_tensor(t).to(device=device, dtype=torch.float64) for t in (q, k, v))
     D, Nk = q.shape[-1], k.shape[-2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    ref = numpy_ref.softmax_parts(q, k, v, causal, scale, align)
+    ref = torch_ref.softmax_parts(q, k, v, causal, scale, align)
     u = UNIT[dtype]
     half = dtype != torch.float32
-    with np.errstate(invalid="ignore", over="ignore"):
-        # --- how far each score may move (natural-log units) ---------------------------------------------
-        s = np.where(ref.seen, ref.s, 0.0)
-        absq = np.abs(q)
-        # uncentred magnitude of each dot: its partial sums, and a relative rounding of q or k, scale with it
-        dot_abs = abs(scale) * np.matmul(absq, np.swapaxes(np.abs(k), -1, -2))
-        # fp32: the dot's partial sums rounded sqrt(D) times (any order), the scale (and log2 e) applied,
-        # the row max subtracted, exp2 of the result: independent per score
-        indep = SAFETY * 2.0 * math.sqrt(D) * U32 * dot_abs + 4.0 * U32 * (np.abs(s) + 1.0)
-        if half:
-            # the scores themselves rounded to the input dtype (PyTorch's half matmul: the product, then its
-            # scaling): independent per score
-            if half_scores:
-                indep = indep + 2.0 * u * np.abs(s)
-            # Q scaled in its own dtype: delta_ij = e_i . k_j, one error vector per row; only k's variation
-            # across keys moves the weights (centre: the midrange of each column of k)
-            kc = k - 0.5 * (np.nanmax(k, axis=2, keepdims=True) + np.nanmin(k, axis=2, keepdims=True)) \
-                if Nk else k
-            common = u * abs(scale) * np.matmul(absq, np.swapaxes(np.abs(kc), -1, -2))
-            shift = indep + common                 # for the output
-            shift_lse = indep + u * dot_abs        # for the lse, which a common shift does move
-        else:
-            shift = shift_lse = indep
-        shift = np.where(ref.seen, np.minimum(shift, MAX_SHIFT), 0.0)
-        shift_lse = np.where(ref.seen, np.minimum(shift_lse, MAX_SHIFT), 0.0)
-        p = np.where(np.isnan(ref.p), 0.0, ref.p)
+    kt = k.transpose(-1, -2)
+    # --- how far each score may move (natural-log units) -------------------------------------------------
+    s = torch.where(ref.seen, ref.s, 0.0)
+    absq = q.abs()
+    # uncentred magnitude of each dot: its partial sums, and a relative rounding of q or k, scale with it
+    dot_abs = abs(scale) * torch.matmul(absq, kt.abs())
+    # fp32: the dot's partial sums rounded sqrt(D) times (any order), the scale (and log2 e) applied,
+    # the row max subtracted, exp2 of the result: independent per score
+    indep = SAFETY * 2.0 * math.sqrt(D) * U32 * dot_abs + 4.0 * U32 * (s.abs() + 1.0)
+    if half:
+        # the scores themselves rounded to the input dtype (PyTorch's half matmul: the product, then its
+        # scaling): independent per score
+        if half_scores:
+            indep = indep + 2.0 * u * s.abs()
+        # Q scaled in its own dtype: delta_ij = e_i . k_j, one error vector per row; only k's variation
+        # across keys moves the weights (centre: the midrange of each column of k, NaNs left out)
+        nan = k.isnan()
+        mid = 0.5 * (torch.where(nan, -math.inf, k).amax(2, keepdim=True)
+                     + torch.where(nan, math.inf, k).amin(2, keepdim=True))
+        kc = k - mid if Nk else k
+        common = u * abs(scale) * torch.matmul(absq, kc.transpose(-1, -2).abs())
+        shift = indep + common                 # for the output
+        shift_lse = indep + u * dot_abs        # for the lse, which a common shift does move
+    else:
+        shift = shift_lse = indep
+    shift = torch.where(ref.seen, shift.clamp(max=MAX_SHIFT), 0.0)
+    shift_lse = torch.where(ref.seen, shift_lse.clamp(max=MAX_SHIFT), 0.0)
+    p = torch.where(ref.p.isnan(), 0.0, ref.p)
 
-        # --- the weights' relative change, exactly (see the module docstring) --------------------------------
-        grow, shrink = np.exp(shift), np.exp(-shift)
-        z_hi = (p * grow).sum(-1, keepdims=True)
-        z_lo = (p * shrink).sum(-1, keepdims=True)
-        z_lo = np.where(z_lo > 0, z_lo, 1.0)
-        z_hi = np.where(z_hi > 0, z_hi, 1.0)
-        rel = np.maximum(grow / z_lo - 1.0, 1.0 - shrink / z_hi)
-        del grow, shrink
-        out = np.where(np.isnan(ref.out), 0.0, ref.out)
-        moved = _weighted_spread(p * rel, v, out, ref.seen, causal, align)
-        # --- after the softmax ------------------------------------------------------------------------------
-        pv = np.matmul(p, np.abs(v))
-        nk_seen = ref.seen.sum(-1)[None, None, :, None]
-        after = SAFETY * 3.0 * np.sqrt(np.maximum(nk_seen, 1)) * U32 * pv + 2.0 * U32 * np.abs(out)  # fp32, 1/l
-        if half:
-            tiny = float(torch.finfo(dtype).tiny)
-            after = after + u * pv                                                          # P to the dtype
-            # a weight below the dtype's smallest normal: flushed to 0 when the kernel rounds it before
-            # normalising (FlashAttention: exp(s - m) with m the running max, which is at most the row max,
-            # so only keys with exp(s - max) < tiny can be flushed), or rounded to the subnormal grid (half its
-            # spacing, u * tiny) when it rounds the normalised weight (PyTorch's softmax in the dtype)
-            unnormalised = p * np.exp(np.where(np.isfinite(ref.lse), ref.lse, 0.0)[..., None]
-                                      - np.where(ref.seen, s, -np.inf).max(-1, keepdims=True, initial=-np.inf))
-            lost = np.where(unnormalised < tiny, p, 0.0) + np.where(p < tiny, np.minimum(p, u * tiny), 0.0)
-            after = after + np.matmul(lost, np.abs(v))
-        rounding = 2.0 * u * np.abs(out) + float(torch.finfo(dtype).smallest_normal) * u   # the output's own
-        tol = moved + after + rounding
+    # --- the weights' relative change, exactly (see the module docstring) ------------------------------------
+    grow, shrink = torch.exp(shift), torch.exp(-shift)
+    z_hi = (p * grow).sum(-1, keepdim=True)
+    z_lo = (p * shrink).sum(-1, keepdim=True)
+    z_lo = torch.where(z_lo > 0, z_lo, 1.0)
+    z_hi = torch.where(z_hi > 0, z_hi, 1.0)
+    rel = torch.maximum(grow / z_lo - 1.0, 1.0 - shrink / z_hi)
+    del grow, shrink
+    out = torch.where(ref.out.isnan(), 0.0, ref.out)
+    moved = _weighted_spread(p * rel, v, out, causal, align)
+    # --- after the softmax ----------------------------------------------------------------------------------
+    pv = torch.matmul(p, v.abs())
+    nk_seen = ref.seen.sum(-1)[None, None, :, None].to(torch.float64)
+    after = SAFETY * 3.0 * nk_seen.clamp(min=1).sqrt() * U32 * pv + 2.0 * U32 * out.abs()  # fp32, 1/l
+    if half:
+        tiny = float(torch.finfo(dtype).tiny)
+        after = after + u * pv                                                              # P to the dtype
+        # a weight below the dtype's smallest normal: flushed to 0 when the kernel rounds it before
+        # normalising (FlashAttention: exp(s - m) with m the running max, which is at most the row max,
+        # so only keys with exp(s - max) < tiny can be flushed), or rounded to the subnormal grid (half its
+        # spacing, u * tiny) when it rounds the normalised weight (PyTorch's softmax in the dtype)
+        row_max = torch.where(ref.seen, s, -math.inf).amax(-1, keepdim=True) if Nk else 0.0
+        unnormalised = p * torch.exp(torch.where(ref.lse.isfinite(), ref.lse, 0.0)[..., None] - row_max)
+        lost = torch.where(unnormalised < tiny, p, 0.0) + torch.where(p < tiny, p.clamp(max=u * tiny), 0.0)
+        after = after + torch.matmul(lost, v.abs())
+    rounding = 2.0 * u * out.abs() + float(torch.finfo(dtype).smallest_normal) * u   # the output's own
+    tol = moved + after + rounding
 
-        # --- the log-sum-exp ----------------------------------------------------------------------------------
-        lse_hi = np.log(np.maximum((p * np.exp(shift_lse)).sum(-1), 1.0))
-        z = (p * np.exp(-shift_lse)).sum(-1)
-        lse_lo = -np.log(np.where(z > 0, z, 1.0))
-        fin_lse = np.where(np.isfinite(ref.lse), np.abs(ref.lse), 0.0)
-        tol_lse = (np.maximum(lse_hi, lse_lo) + 4.0 * U32 * (fin_lse + 1.0)
-                   + SAFETY * 3.0 * np.sqrt(np.maximum(nk_seen[..., 0], 1)) * U32)
+    # --- the log-sum-exp --------------------------------------------------------------------------------------
+    lse_hi = torch.log((p * torch.exp(shift_lse)).sum(-1).clamp(min=1.0))
+    z = (p * torch.exp(-shift_lse)).sum(-1)
+    lse_lo = -torch.log(torch.where(z > 0, z, 1.0))
+    fin_lse = torch.where(ref.lse.isfinite(), ref.lse.abs(), 0.0)
+    tol_lse = (torch.maximum(lse_hi, lse_lo) + 4.0 * U32 * (fin_lse + 1.0)
+               + SAFETY * 3.0 * nk_seen[..., 0].clamp(min=1).sqrt() * U32)
 
-        # --- the trivially wrong answers ----------------------------------------------------------------------
-        counts = ref.seen.sum(-1, keepdims=True)
-        mean_v = np.matmul(ref.seen / np.maximum(counts, 1), v)
-        mean_v = np.where(counts[None, None] > 0, mean_v, 0.0)
-        live = counts[..., 0] > 0
-        pmax = np.where(ref.seen, ref.p, -np.inf).max(-1) if Nk else np.zeros(ref.lse.shape)
-        pmin = np.where(ref.seen, ref.p, np.inf).min(-1) if Nk else np.zeros(ref.lse.shape)
-        uniform = bool(np.all(~live[None, None] | ~np.isfinite(pmax) | (pmax - pmin <= 1e-9 * np.abs(pmax))))
-        spread = np.abs(v - v.mean(2, keepdims=True)).mean(2, keepdims=True) if Nk else np.zeros_like(v[:, :, :1])
-        spread = np.where(spread > 0, spread, np.abs(v).max(2, keepdims=True) if Nk else 0.0)
-    return Expectation(ref.out, ref.lse, tol, tol_lse, mean_v, uniform, spread)
+    # --- the trivially wrong answers ----------------------------------------------------------------------------
+    seen = ref.seen.to(torch.float64)
+    counts = seen.sum(-1, keepdim=True)
+    mean_v = torch.matmul(seen / counts.clamp(min=1), v)
+    mean_v = torch.where(counts[None, None] > 0, mean_v, 0.0)
+    live = counts[..., 0] > 0
+    if Nk:
+        pmax = torch.where(ref.seen, ref.p, -math.inf).amax(-1)
+        pmin = torch.where(ref.seen, ref.p, math.inf).amin(-1)
+    else:
+        pmax = pmin = torch.zeros(ref.lse.shape, dtype=torch.float64, device=device)
+    uniform = bool(torch.all(~live[None, None] | ~pmax.isfinite() | (pmax - pmin <= 1e-9 * pmax.abs())))
+    if Nk:
+        spread = (v - v.mean(2, keepdim=True)).abs().mean(2, keepdim=True)
+        spread = torch.where(spread > 0, spread, v.abs().amax(2, keepdim=True))
+    else:
+        spread = torch.zeros_like(v[:, :, :1])
+    host = {name: t.cpu().numpy() for name, t in
+            dict(out=ref.out, lse=ref.lse, tol=tol, tol_lse=tol_lse, mean_v=mean_v, spread=spread).items()}
+    return Expectation(host["out"], host["lse"], host["tol"], host["tol_lse"], host["mean_v"], uniform,
+                       host["spread"])
 
 
-def _weighted_spread(w, v, out, seen, causal, align):
+def _weighted_spread(w, v, out, causal, align):
     """An upper bound of sum_j w_ij |v_jd - out_id|, (B, H, Nq, D): how far the weights' change moves the
     output. It is also at most max_{j seen} |v_jd - out_id|: a correct output is a convex combination of the
     values its row sees. Exact up to EXACT elements (in blocks of query rows: the (rows, keys, D) difference
@@ -163,26 +178,22 @@ def _weighted_spread(w, v, out, seen, causal, align):
     B, H, Nq, Nk = w.shape
     D = v.shape[-1]
     if not (Nq and Nk and D):
-        return np.zeros((B, H, Nq, D))
+        return torch.zeros((B, H, Nq, D), dtype=torch.float64, device=w.device)
     if B * H * Nq * Nk * D <= EXACT:
-        res = np.zeros((B, H, Nq, D))
+        res = torch.zeros((B, H, Nq, D), dtype=torch.float64, device=w.device)
         rows = max(1, CHUNK // (Nk * D))
         for b in range(B):
             for h in range(H):
                 for i in range(0, Nq, rows):
-                    diff = np.abs(v[b, h][None, :, :] - out[b, h, i:i + rows][:, None, :])   # (rows, Nk, D)
-                    res[b, h, i:i + rows] = np.einsum("ij,ijd->id", w[b, h, i:i + rows], diff)
+                    diff = (v[b, h][None, :, :] - out[b, h, i:i + rows][:, None, :]).abs()   # (rows, Nk, D)
+                    res[b, h, i:i + rows] = torch.einsum("ij,ijd->id", w[b, h, i:i + rows], diff)
     else:
-        c = v.mean(axis=2, keepdims=True)
-        res = np.matmul(w, np.abs(v - c)) + np.abs(out - c) * w.sum(-1, keepdims=True)
+        c = v.mean(2, keepdim=True)
+        res = torch.matmul(w, (v - c).abs()) + (out - c).abs() * w.sum(-1, keepdim=True)
     # the values a row sees are a prefix of the keys (all of them when not causal)
-    last = np.full(Nq, Nk - 1) if not causal else np.arange(Nq) + (Nk - Nq if align == "bottom-right" else 0)
-    sees = last >= 0
-    idx = np.clip(last, 0, Nk - 1)
-    hi = np.maximum.accumulate(v, axis=2)[:, :, idx]
-    lo = np.minimum.accumulate(v, axis=2)[:, :, idx]
-    reach = np.where(sees[None, None, :, None], np.maximum(np.abs(hi - out), np.abs(out - lo)), 0.0)
-    return np.minimum(res, reach)
+    lo, hi, last = torch_ref.prefix_range(v, Nq, causal, align)
+    sees = (last >= 0)[None, None, :, None]
+    return torch.minimum(res, torch.where(sees, torch.maximum((hi - out).abs(), (out - lo).abs()), 0.0))
 
 
 def loose_rows(expect, share):

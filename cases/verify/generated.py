@@ -116,10 +116,16 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
         if key not in seen:
             if not shrinking[0]:
                 progress.start(start + len(judged) + 1, f"generated example {len(judged) + 1}")
-            seen[key] = judge(case)
+            seen[key] = verdict = judge(case)
             if not shrinking[0]:
-                judged.append(seen[key])
+                judged.append(verdict)
+                if not verdict.failed:      # recorded now: a run cut short still shows how far it got
+                    _record(verdict, f"hypothesis_{len(judged)}")
         return seen[key]
+
+    def _record(verdict, prefix):
+        verdict.case = verdict.case.replace(name=_example_name(prefix, verdict.case))
+        record(report.Result.of(verdict.case, verdict, "hypothesis"))
 
     for case in _representative(decl, dtypes, backend, caps)[:max(1, examples // 4)]:
         verdict_of(case)
@@ -149,12 +155,10 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
         progress.start(start + len(judged), f"shrinking a {kind} failure")
         kinds[kind] = verdict_of(shrink(verdict.case, kind, verdict_of, decl, dtypes))
     for i, verdict in enumerate(judged, 1):
-        if not verdict.failed or str(verdict.kind) not in kinds:   # failures: their kind's minimal case below
-            verdict.case = verdict.case.replace(name=_example_name(f"hypothesis_{i}", verdict.case))
-            record(report.Result.of(verdict.case, verdict, "hypothesis"))
+        if verdict.failed and str(verdict.kind) not in kinds:    # failures: their kind's minimal case below
+            _record(verdict, f"hypothesis_{i}")
     for kind, verdict in kinds.items():
-        verdict.case = verdict.case.replace(name=_example_name("hypothesis_minimal", verdict.case))
-        record(report.Result.of(verdict.case, verdict, "hypothesis"))
+        _record(verdict, "hypothesis_minimal")
     failed = sum(v.failed for v in judged)
     line = f"hypothesis: {len(judged)} distinct example(s) judged, {len(judged) - failed} without a failure"
     if kinds:
