@@ -18,8 +18,10 @@ Each rounding of a score moves it by at most delta_ij (natural-log units). Pertu
 and for ANY centre c:  out' - out = sum_j (p'_j - p_j) (v_j - c). So, exactly (no first-order assumption,
 which breaks down exactly where the scores are large):
 
-    |out'_id - out_id| <= sum_j p_ij |p'_ij / p_ij - 1| |v_jd - out_id|,
-    |p'_j / p_j - 1| <= max(e^{D_j} / Zlo - 1, 1 - e^{-D_j} / Zhi),  Zlo/hi = sum_k p_k e^{-+D_k}.
+    |out'_id - out_id| <= sum_j |p'_ij - p_ij| |v_jd - out_id|, and p'_j lies exactly between
+    p_j e^{-D_j} / (p_j e^{-D_j} + sum_{k != j} p_k e^{+D_k})  and  p_j e^{D_j} / (p_j e^{D_j} + sum_{k != j} p_k e^{-D_k})
+(computed from log-weights, uncapped: a dominant weight cannot grow past 1, and a weight that underflowed in
+float64 still counts when the shifts could raise it).
 
 A rounding common to a whole row (Q scaled in its dtype: delta_ij = e_i . k_j) only matters through the
 variation of k_j across keys, so it is bounded with k centred (k_j - c); an independent rounding of each
@@ -47,7 +49,6 @@ from flashcheck.reference import torch_ref
 U32 = 2.0 ** -24                                  # fp32 unit roundoff
 UNIT = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 SAFETY = 2.0
-MAX_SHIFT = 40.0                                  # past this a score's weight may change by any factor
 CHUNK = 1 << 22                                   # elements of one (rows, keys, D) block in the |v - out| sum
 EXACT = 1 << 25                                   # up to this many B*H*Nq*Nk*D, that sum exactly (else a bound)
 
@@ -106,20 +107,11 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
         shift_lse = indep + u * dot_abs        # for the lse, which a common shift does move
     else:
         shift = shift_lse = indep
-    shift = torch.where(ref.seen, shift.clamp(max=MAX_SHIFT), 0.0)
-    shift_lse = torch.where(ref.seen, shift_lse.clamp(max=MAX_SHIFT), 0.0)
+    shift = torch.where(ref.seen, shift, 0.0)
+    shift_lse = torch.where(ref.seen, shift_lse, 0.0)
     p = torch.where(ref.p.isnan(), 0.0, ref.p)
-
-    # --- the weights' relative change, exactly (see the module docstring) ------------------------------------
-    grow, shrink = torch.exp(shift), torch.exp(-shift)
-    z_hi = (p * grow).sum(-1, keepdim=True)
-    z_lo = (p * shrink).sum(-1, keepdim=True)
-    z_lo = torch.where(z_lo > 0, z_lo, 1.0)
-    z_hi = torch.where(z_hi > 0, z_hi, 1.0)
-    rel = torch.maximum(grow / z_lo - 1.0, 1.0 - shrink / z_hi)
-    del grow, shrink
     out = torch.where(ref.out.isnan(), 0.0, ref.out)
-    moved = _weighted_spread(p * rel, v, out, causal, align)
+    moved = _weighted_spread(_weight_change(ref, shift), v, out, causal, align)
     # --- after the softmax ----------------------------------------------------------------------------------
     pv = torch.matmul(p, v.abs())
     nk_seen = ref.seen.sum(-1)[None, None, :, None].to(torch.float64)
@@ -139,9 +131,10 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
     tol = moved + after + rounding
 
     # --- the log-sum-exp --------------------------------------------------------------------------------------
-    lse_hi = torch.log((p * torch.exp(shift_lse)).sum(-1).clamp(min=1.0))
-    z = (p * torch.exp(-shift_lse)).sum(-1)
-    lse_lo = -torch.log(torch.where(z > 0, z, 1.0))
+    # log sum_j p_j e^{+-D_j}, with log p_j from the scores (exact where p_j underflows)
+    log_p = _log_weights(ref)
+    lse_hi = torch.logsumexp(log_p + shift_lse, -1).clamp(min=0.0).nan_to_num(nan=0.0) if Nk else torch.zeros_like(ref.lse)
+    lse_lo = (-torch.logsumexp(log_p - shift_lse, -1)).clamp(min=0.0).nan_to_num(nan=0.0) if Nk else torch.zeros_like(ref.lse)
     fin_lse = torch.where(ref.lse.isfinite(), ref.lse.abs(), 0.0)
     tol_lse = (torch.maximum(lse_hi, lse_lo) + 4.0 * U32 * (fin_lse + 1.0)
                + SAFETY * 3.0 * nk_seen[..., 0].clamp(min=1).sqrt() * U32)
@@ -167,6 +160,45 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
             dict(out=ref.out, lse=ref.lse, tol=tol, tol_lse=tol_lse, mean_v=mean_v, spread=spread).items()}
     return Expectation(host["out"], host["lse"], host["tol"], host["tol_lse"], host["mean_v"], uniform,
                        host["spread"])
+
+
+def _log_weights(ref):
+    """log p_ij from the scores (B, H, Nq, Nk): finite for every seen key, even where p_ij underflows to 0 in
+    float64 (a score error of hundreds can still make such a key count); -inf for unseen keys; 0 rows (NaN
+    inputs) stay NaN."""
+    a = torch.where(ref.seen, ref.s, -math.inf)
+    return a - torch.logsumexp(a, -1, keepdim=True).nan_to_num(neginf=0.0)
+
+
+def _leave_one_out(t):
+    """sum over k != j of t_ik, for each j (last axis), without cancellation at the row's largest term."""
+    total = t.sum(-1, keepdim=True)
+    top = t.argmax(-1, keepdim=True)
+    without_top = t.scatter(-1, top, 0.0).sum(-1, keepdim=True)
+    at_top = torch.arange(t.shape[-1], device=t.device) == top
+    return torch.where(at_top, without_top, (total - t).clamp(min=0.0))
+
+
+def _weight_change(ref, shift):
+    """The largest |p'_ij - p_ij| when every score s_ik may move by up to shift_ik (B, H, Nq, Nk), exactly:
+    p'_j = x / (x + R) with x = p_j e^{delta_j} and R = sum_{k != j} p_k e^{delta_k} is increasing in x and
+    decreasing in R, so p'_j lies between p_j e^{-D_j} / (p_j e^{-D_j} + sum_{k != j} p_k e^{D_k}) and
+    p_j e^{D_j} / (p_j e^{D_j} + sum_{k != j} p_k e^{-D_k}). Computed from log-weights, in a frame where no
+    exponential overflows: a dominant weight (p_j = 1) cannot grow, and a key whose weight underflowed to 0
+    in float64 still counts when the shifts are large enough to raise it."""
+    if not ref.p.shape[-1]:
+        return torch.zeros_like(ref.p)
+    log_p = _log_weights(ref)
+    p = torch.where(log_p.isnan(), 0.0, log_p.exp())
+    up, down = log_p + shift, log_p - shift                  # log of p_k e^{+D_k}, p_k e^{-D_k}
+    c_up = up.amax(-1, keepdim=True).nan_to_num(neginf=0.0)
+    c_down = down.amax(-1, keepdim=True).nan_to_num(neginf=0.0)
+    rest_down = _leave_one_out((down - c_down).exp())       # sum_{k != j} p_k e^{-D_k}, / e^{c_down}
+    rest_up = _leave_one_out((up - c_up).exp())             # sum_{k != j} p_k e^{+D_k}, / e^{c_up}
+    hi = torch.where(rest_down > 0, 1.0 / (1.0 + (rest_down.log() + c_down - up).exp()), 1.0)
+    lo = torch.where(rest_up > 0, 1.0 / (1.0 + (rest_up.log() + c_up - down).exp()), 1.0)
+    dev = torch.maximum(hi - p, p - lo).clamp(min=0.0)
+    return torch.where(ref.seen & ~log_p.isnan(), dev, 0.0)
 
 
 def _weighted_spread(w, v, out, causal, align):
