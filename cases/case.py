@@ -45,6 +45,7 @@ class Case:
     exact: bool = False          # the hand value must come out bit-exact (e.g. 7.5)
     gpu_only: str = ""           # why only the compiled GPU path can judge this case (skipped on CPU)
     sample_heads: int = 0        # > 0, huge cases: inputs made on the device, this many (b, h) judged
+    magnitude: float = None      # data="large": the typical |q . k| (default 1e4, 1e3 in fp16/bf16)
 
     def __post_init__(self):
         if self.dtype not in DTYPES and self.dtype not in EXPANSIONS:
@@ -55,6 +56,8 @@ class Case:
             raise ValueError(f"case {self.name}: data {self.data!r} not in {DATA}")
         if min(self.B, self.H, self.Nq, self.Nk, self.D) < 0 or self.Nk < 1 or self.D < 1:
             raise ValueError(f"case {self.name}: needs B, H, Nq >= 0 and Nk, D >= 1")
+        if self.magnitude is not None and (self.data != "large" or not self.magnitude > 0):
+            raise ValueError(f"case {self.name}: magnitude (> 0) goes with data='large'")
         if self.data == "explicit" and (self.q is None or self.k is None or self.v is None):
             raise ValueError(f"case {self.name}: data='explicit' needs q, k and v")
 

@@ -87,6 +87,21 @@ CATALOGUE = [
          why="a negative scale with raw scores of about +-1e4, over whole key blocks (the unmasked fast path): "
              "the row max of the scaled scores is the scaled MIN of the raw ones",
          Nq=20, Nk=130, D=32, data="large", scale=-0.25, block_m=32, block_n=32, seed=44),
+    Case("huge_scores",
+         why="|q.k| of about 2e9, the largest that fp16 inputs hold (scaled scores up to ~7e8), over whole key "
+             "blocks: the max score minus the row max must be exactly 0; a fused multiply-add leaves up to half "
+             "an ulp of the score (dozens), and exp2 of it overflows P in fp16",
+         Nq=40, Nk=130, D=128, data="large", magnitude=2e9, block_m=32, block_n=32, seed=61),
+    Case("huge_scores_negative_scale", why="huge_scores with a negative scale: the row max is the scaled min",
+         Nq=40, Nk=130, D=128, data="large", magnitude=2e9, scale=-0.08838834764831845, block_m=32, block_n=32,
+         seed=62),
+    Case("extreme_scores_fp32",
+         why="|q.k| of about 1e36, near where fp32 scores end: any slack in the subtraction of the row max is "
+             "thousands of ulps of exp2's input (inf, or a row of zeros)",
+         Nq=40, Nk=130, D=64, dtype="fp32", data="large", magnitude=1e36, block_m=32, block_n=32, seed=63),
+    Case("extreme_scores_bf16", why="extreme_scores_fp32 in bf16 (the same exponent range), with a negative scale",
+         Nq=40, Nk=130, D=64, dtype="bf16", data="large", magnitude=1e36, scale=-0.125, block_m=32, block_n=32,
+         seed=64),
     Case("fp16_many_key_blocks",
          why="fp16 over 512 key blocks: the running state (l, acc) must stay fp32 between blocks; rounded to "
              "fp16 at each block, V = 1 drifts from 1 by 2^-8",

@@ -134,7 +134,8 @@ def values(case, device="cpu"):
         if case.data == "large":
             # raw scores q.k of about +-1e4 (+-1e3 in fp16/bf16: fp16 scores overflow past 65504 and bf16's 8
             # bits cannot resolve larger ones): exp overflows unless the running max is subtracted
-            amp = ((1e3 if half else 1e4) / D ** 0.5) ** 0.5
+            # (case.magnitude: another typical |q . k|, up to what the dtype's inputs and fp32 scores hold)
+            amp = ((case.magnitude or (1e3 if half else 1e4)) / D ** 0.5) ** 0.5
             q, k = q * amp, k * amp
         elif case.data == "very_negative":
             # every raw score about -1e4 (in fp16/bf16, every scaled score about -150: far enough below
@@ -146,7 +147,10 @@ def values(case, device="cpu"):
             k = k[:, :, :1, :].expand(B, H, Nk, D).clone()   # one key repeated: every score of a row equal
         elif case.data == "nan_input":
             q[..., Nq // 2, 0] = float("nan")                   # one NaN query element: its row is NaN
-    return tuple(t.to(case.torch_dtype) for t in (q, k, v))
+    out = tuple(t.to(case.torch_dtype) for t in (q, k, v))
+    if case.magnitude and not all(bool(torch.isfinite(t).all()) for t in out):
+        raise ValueError(f"case {case.name}: magnitude {case.magnitude:g} gives inputs beyond {case.dtype}'s range")
+    return out
 
 
 @dataclass

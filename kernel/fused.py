@@ -81,9 +81,11 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
             qk = qk - m_shift[:, None]
         else:
             # Fast path: the row max of the raw scores, scaled once per row (scale < 0 turns the min into
-            # the max), then one fused multiply-add per score. H200, bf16, D = 64, N = 4k: 443 TFLOP/s; the
-            # scale-then-subtract form peaked at 403. guards: cases negative_scale_large_scores,
-            # large_scores_whole_blocks; mutant fast_path_max_ignores_sign
+            # the max), then qk * qk_scale - m per score. guards: cases negative_scale_large_scores,
+            # large_scores_whole_blocks; mutant fast_path_max_ignores_sign. The launch disables fp fusion: a
+            # fused multiply-add would subtract the ROUNDED max from the UNROUNDED product, leaving the row's
+            # max at up to half an ulp of the scaled score instead of exactly 0, and exp2 of that overflows
+            # (inf/NaN) once scores pass ~5e8 (fp16: P rounded to fp16) or ~3e9 (fp32, bf16).
             if NEGATIVE_SCALE:
                 m_new = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
             else:
@@ -242,7 +244,12 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
             H, Nq, Nk,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=head_dim_block(D), HEAD_DIM=D,
             IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0, INPUT_PRECISION="ieee",
-            num_warps=num_warps, num_stages=num_stages)
+            num_warps=num_warps, num_stages=num_stages,
+            # no fused multiply-add: every score minus the row max is then exact at the max (see the fast
+            # path). H200, fp16/bf16, D = 64 and 128, N = 4k and 8k: 2 to 6 % slower than with fusion.
+            # guards: mutant fp_fusion_on; cases huge_scores, huge_scores_negative_scale, extreme_scores_fp32,
+            # extreme_scores_bf16 (GPU: the interpreter never fuses)
+            enable_fp_fusion=False)
     return (out, lse) if return_lse else out
 
 

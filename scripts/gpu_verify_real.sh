@@ -16,15 +16,19 @@ jobs_file=$OUT/jobs.txt; : > "$jobs_file"
 job() { echo "$1|${*:2}" >> "$jobs_file"; }   # name|verify arguments
 # SET=final: the evidence that must be re-run after a change (fewer and shorter runs); SET=full: everything
 if [[ ${SET:-full} == final ]]; then
-  for k in flash cudnn efficient; do job "sdpa_$k" "examples/sdpa_backends.py:$k --examples 10"; done
-  job flex "examples/flex_attention.py:attention --head-dims 16-256 --examples 5"
   for s in 1 2 3; do job "sdpa_example_seed$s" "examples/sdpa_attention.py:attention --only one_query --examples 400 --seed $s"; done
   job plain_matmul_softmax "examples/plain_attention.py:matmul_softmax"
   job plain_fused_check "examples/plain_attention.py:matmul_softmax --fused --only one_query"
   for k in fused unfused; do job "${k}_fused_check" "flashcheck.kernel.$k:attention --fused --only one_query,long_cross_decode"; done
   job sdpa_fused_check "examples/sdpa_attention.py:attention --fused --only one_query,long_cross_decode"
+  for s in $SEEDS; do
+    for f in matmul_softmax; do job "stress_${f}_seed$s" "examples/plain_attention.py:$f --only one_query --examples $EXAMPLES --seed $s"; done
+    job "stress_fused_seed$s" "flashcheck.kernel.fused:attention --only one_query --examples $EXAMPLES --seed $s"
+  done
+  for f in einsum sdpa_math; do job "stress_$f" "examples/plain_attention.py:$f --only one_query --examples $EXAMPLES --seed 0"; done
+  job stress_unfused "flashcheck.kernel.unfused:attention --only one_query --examples $EXAMPLES --seed 0"
   job sanitize_fused "flashcheck.kernel.fused:attention --sanitize --only partial_last_key_block,causal_nq_gt_nk,head_dim_17"
-  for f in matmul_softmax einsum sdpa_math; do job "stress_$f" "examples/plain_attention.py:$f --only one_query --examples $EXAMPLES --seed 7"; done
+  for k in flash cudnn efficient; do job "sdpa_$k" "examples/sdpa_backends.py:$k --examples 10"; done
   SEEDS=""
 else
 for k in flash efficient cudnn math; do job "sdpa_$k" "examples/sdpa_backends.py:$k"; done

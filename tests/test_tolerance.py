@@ -29,8 +29,10 @@ EXAMPLES = {"dev": 60, "ci": 150, "thorough": 600}
 # margin under those figures.
 # On a GPU the cases are longer (up to 256 keys, and draws of 16k), so one dropped key matters on fewer of them:
 # measured on an H200 (fp32, 60 cases), last key dropped 40 %, wrong temperature 27 %.
+# With data="large" drawn at magnitudes up to the dtype's range (one-hot rows, which a wrong temperature does
+# not move), the wrong temperature moved fp32 answers on 25 % of 150 cases.
 APPLICABLE = {"last_key_dropped": {"fp32": 0.5, "fp16": 0.4, "bf16": 0.15},
-              "natural_log_temperature": {"fp32": 0.3, "fp16": 0.2, "bf16": 0.12}}
+              "natural_log_temperature": {"fp32": 0.2, "fp16": 0.2, "bf16": 0.12}}
 APPLICABLE_GPU = {"last_key_dropped": {"fp32": 0.3, "fp16": 0.25, "bf16": 0.15},
                   "natural_log_temperature": {"fp32": 0.2, "fp16": 0.15, "bf16": 0.12}}
 DTYPES = ("fp32", "fp16", "bf16")
@@ -56,11 +58,15 @@ def test_correct_formulations_pass_and_near_misses_fail(dtype, device, backend, 
         case = case.replace(B=min(case.B, 2), H=min(case.H, 2))
         qkv = inp.values(case)
         g = inp.make_inputs(case, device, qkv=qkv, guard_fill=0.0)
+        scale = abs(case.scale) if case.scale is not None else case.D ** -0.5
+        raw = (qkv[0].double() @ qkv[1].double().transpose(-1, -2)).abs()
+        overflows = case.dtype == "fp16" and raw.numel() and float(raw.max()) * max(scale, 1.0) > 65504
         for conventions in (oracle.Conventions(), oracle.Conventions(fp32_scores=True)):
             e = oracle.expectation(case, qkv, device, conventions)
             candidates = dict(CORRECT)
-            if conventions.fp32_scores:
-                candidates.pop("in_dtype")            # it rounds its scores to fp16/bf16: not fp32 scores
+            if conventions.fp32_scores or overflows:
+                candidates.pop("in_dtype")            # it rounds its scores to fp16/bf16: not fp32 scores,
+                                                      # and fp16 scores past 65504 are inf: not a correct kernel
             if triton_ok and stats["cases"] % kernel_every == 0:
                 candidates["fused"] = fused.attention
             for name, fn in candidates.items():

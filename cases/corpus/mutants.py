@@ -407,6 +407,14 @@ MUTANTS = [
            "negative scale that is the smallest scaled score, so exp2(s - m) overflows once scores are large",
            _OTHER + " (scaling after the row max, as the fused multiply-add form does)",
            ("negative_scale_large_scores",)),
+    Mutant("fp_fusion_on", "fused",
+           "            enable_fp_fusion=False)", "            enable_fp_fusion=True)",
+           "fp fusion left on: qk * qk_scale - m becomes one fused multiply-add, which subtracts the rounded row "
+           "max from the unrounded product; the max score is then up to half an ulp off 0, and past scores of "
+           "~5e8 exp2 overflows (inf/NaN) or a one-hot row comes out 0",
+           _OTHER + " (measured on an H200: issue 13's inf/NaN at scores of 5e8 to 5e10)",
+           ("huge_scores", "huge_scores_negative_scale", "extreme_scores_fp32", "extreme_scores_bf16"),
+           gpu_only="the interpreter computes in NumPy, which never fuses a multiply and an add"),
     Mutant("exp_instead_of_exp2", "fused",
            "c = tl.math.exp2(m_i - m_shift)\n        p = tl.math.exp2(qk)",
            "c = tl.exp(m_i - m_shift)\n        p = tl.exp(qk)",

@@ -54,7 +54,8 @@ def _simpler(case, decl, dtypes):
     def lengths(n, lo):
         return [x for x in dict.fromkeys(_fit(decl, m, lo) for m in (lo, 1, 2, n // 2, n - 1)) if x < n]
 
-    steps = [dict(B=1), dict(H=1), dict(data="randn"), dict(layout="contiguous"), dict(causal=False),
+    steps = [dict(B=1), dict(H=1), dict(magnitude=None), dict(data="randn", magnitude=None),
+             dict(layout="contiguous"), dict(causal=False),
              dict(scale=None), dict(block_m=None, block_n=None), dict(dtype=dtypes[0]), dict(seed=0)]
     if decl.same_length:
         steps += [dict(Nq=n, Nk=n) for n in lengths(case.Nk, 1)]
