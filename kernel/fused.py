@@ -81,11 +81,11 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
             qk = qk - m_shift[:, None]
         else:
             # Fast path: the row max of the raw scores, scaled once per row (scale < 0 turns the min into
-            # the max), then qk * qk_scale - m per score. guards: cases negative_scale_large_scores,
-            # large_scores_whole_blocks; mutant fast_path_max_ignores_sign. The launch disables fp fusion: a
-            # fused multiply-add would subtract the ROUNDED max from the UNROUNDED product, leaving the row's
-            # max at up to half an ulp of the scaled score instead of exactly 0, and exp2 of that overflows
-            # (inf/NaN) once scores pass ~5e8 (fp16: P rounded to fp16) or ~3e9 (fp32, bf16).
+            # the max), then qk * qk_scale - m per score. The launch disables fp fusion: a fused multiply-add
+            # would subtract the ROUNDED max from the UNROUNDED product, leaving the row's max at up to half an
+            # ulp of the scaled score instead of exactly 0, and exp2 of that overflows (inf/NaN) once scores
+            # pass ~5e8 (fp16: P rounded to fp16) or ~3e9 (fp32, bf16). guards: cases
+            # negative_scale_large_scores, large_scores_whole_blocks; mutant fast_path_max_ignores_sign
             if NEGATIVE_SCALE:
                 m_new = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
             else:

@@ -28,12 +28,10 @@ EXAMPLES = {"dev": 60, "ci": 150, "thorough": 600}
 # tolerances); wrong temperature 45 %, 32 %, 22 %. A tolerance grown loose would lower them; the floors keep a
 # margin under those figures.
 # On a GPU the cases are longer (up to 256 keys, and draws of 16k), so one dropped key matters on fewer of them:
-# measured on an H200 (fp32, 60 cases), last key dropped 40 %, wrong temperature 27 %.
-# With data="large" drawn at magnitudes up to the dtype's range (one-hot rows, which a wrong temperature does
-# not move), the wrong temperature moved fp32 answers on 25 % of 150 cases.
+# measured on an H200 (60 cases), last key dropped 40 % (fp32), 13 % (bf16); wrong temperature 27 % (fp32).
 APPLICABLE = {"last_key_dropped": {"fp32": 0.5, "fp16": 0.4, "bf16": 0.15},
-              "natural_log_temperature": {"fp32": 0.2, "fp16": 0.2, "bf16": 0.12}}
-APPLICABLE_GPU = {"last_key_dropped": {"fp32": 0.3, "fp16": 0.25, "bf16": 0.15},
+              "natural_log_temperature": {"fp32": 0.3, "fp16": 0.2, "bf16": 0.12}}
+APPLICABLE_GPU = {"last_key_dropped": {"fp32": 0.3, "fp16": 0.25, "bf16": 0.1},
                   "natural_log_temperature": {"fp32": 0.2, "fp16": 0.15, "bf16": 0.12}}
 DTYPES = ("fp32", "fp16", "bf16")
 

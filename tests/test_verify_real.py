@@ -125,7 +125,8 @@ def test_json_dash_is_stdout():
     assert proc.returncode == 0, explain(proc)
     report = json.loads(proc.stdout)
     # one_query in each dtype the backend judges: fp32 and fp16 on the CPU, bf16 too on a GPU
-    assert report["summary"]["passed"] == len(report["cases"]) >= 2 and not report["partial"]
+    judged = [c for c in report["cases"] if c["status"] != "skip"]
+    assert report["summary"]["passed"] == len(judged) >= 2 and not report["partial"]
     assert "verify flashcheck.kernel.fused:attention" in proc.stderr   # the human report went to stderr
 
 
