@@ -246,9 +246,9 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
             IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0, INPUT_PRECISION="ieee",
             num_warps=num_warps, num_stages=num_stages,
             # no fused multiply-add: every score minus the row max is then exact at the max (see the fast
-            # path). H200, fp16/bf16, D = 64 and 128, N = 4k and 8k: 2 to 6 % slower than with fusion.
-            # guards: mutant fp_fusion_on; cases huge_scores, huge_scores_negative_scale, extreme_scores_fp32,
-            # extreme_scores_bf16 (GPU: the interpreter never fuses)
+            # path). H200, fp16/bf16, D = 64 and 128, N = 4k and 8k: 2 to 6 % slower than with fusion. Only
+            # the GPU shows it: the interpreter never fuses. guards: mutant fp_fusion_on; cases huge_scores,
+            # huge_scores_negative_scale, extreme_scores_fp32, extreme_scores_bf16
             enable_fp_fusion=False)
     return (out, lse) if return_lse else out
 
