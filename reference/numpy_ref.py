@@ -13,14 +13,18 @@ import numpy as np
 ALIGNS = ("bottom-right", "top-left")
 
 
+def causal_shift(Nq, Nk, align="bottom-right"):
+    """Causal: query i sees key j iff j <= i + shift (bottom-right: Nk - Nq; top-left: 0)."""
+    if align not in ALIGNS:
+        raise ValueError(f"causal alignment {align!r} not in {ALIGNS}")
+    return Nk - Nq if align == "bottom-right" else 0
+
+
 def visible(Nq, Nk, causal, align="bottom-right"):
     """(Nq, Nk) bool array: which keys each query row sees."""
     if not causal:
         return np.ones((Nq, Nk), dtype=bool)
-    if align not in ALIGNS:
-        raise ValueError(f"causal alignment {align!r} not in {ALIGNS}")
-    shift = Nk - Nq if align == "bottom-right" else 0
-    return np.arange(Nk)[None, :] <= np.arange(Nq)[:, None] + shift
+    return np.arange(Nk)[None, :] <= np.arange(Nq)[:, None] + causal_shift(Nq, Nk, align)
 
 
 @dataclass

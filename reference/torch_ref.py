@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from flashcheck.reference.numpy_ref import ALIGNS, Softmax
+from flashcheck.reference.numpy_ref import Softmax, causal_shift, visible
 
 
 def attention(q, k, v, causal=False, scale=None, upcast=False):
@@ -34,23 +34,12 @@ def attention(q, k, v, causal=False, scale=None, upcast=False):
     return torch.where(saw_no_key, torch.zeros_like(out), out), lse
 
 
-def visible(Nq, Nk, causal, align="bottom-right", device=None):
-    """numpy_ref.visible as a (Nq, Nk) bool tensor on `device`."""
-    if not causal:
-        return torch.ones((Nq, Nk), dtype=torch.bool, device=device)
-    if align not in ALIGNS:
-        raise ValueError(f"causal alignment {align!r} not in {ALIGNS}")
-    shift = Nk - Nq if align == "bottom-right" else 0
-    return torch.arange(Nk, device=device)[None, :] <= torch.arange(Nq, device=device)[:, None] + shift
-
-
 def softmax_parts(q, k, v, causal=False, scale=None, align="bottom-right"):
     """numpy_ref.softmax_parts for float64 tensors (B, H, N, D) on one device: a Softmax of tensors there."""
     D = q.shape[-1]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    seen = visible(q.shape[2], k.shape[2], causal, align, q.device)
-    neg_inf = torch.tensor(float("-inf"), dtype=torch.float64, device=q.device)
-    s = torch.where(seen, torch.matmul(q, k.transpose(-1, -2)) * scale, neg_inf)
+    seen = torch.from_numpy(visible(q.shape[2], k.shape[2], causal, align)).to(q.device)
+    s = torch.where(seen, torch.matmul(q, k.transpose(-1, -2)) * scale, -math.inf)
     m = s.amax(-1, keepdim=True) if s.shape[-1] else torch.full(s.shape[:-1] + (1,), float("-inf"),
                                                                  dtype=s.dtype, device=s.device)
     m = torch.where(torch.isneginf(m), 0.0, m)                # rows that see no key
@@ -69,7 +58,7 @@ def prefix_range(v, Nq, causal, align="bottom-right"):
     the index of the last key a row sees (below 0: none, and lo, hi there are key 0's)."""
     Nk = v.shape[2]
     if causal:
-        last = torch.arange(Nq, device=v.device) + (Nk - Nq if align == "bottom-right" else 0)
+        last = torch.arange(Nq, device=v.device) + causal_shift(Nq, Nk, align)
     else:
         last = torch.full((Nq,), Nk - 1, device=v.device)
     idx = last.clamp(0, Nk - 1)
