@@ -199,7 +199,7 @@ def judgeable(backend, cases=None):
     runs its mutants on."""
     out = []
     for c in (CATALOGUE if cases is None else cases):
-        inst = c if c.dtype in ("fp32", "fp16", "bf16") else primary(c)
+        inst = primary(c)
         if backend == "gpu" or not (inst.gpu_only or inst.dtype == "bf16"):
             out.append(inst)
     return out

@@ -23,7 +23,7 @@ import torch
 
 from flashcheck.cases import inputs as inp
 from flashcheck.cases.oracle import tolerance
-from flashcheck.cases.oracle.layers import Outcome, RunFailed, call_kernel, expectation
+from flashcheck.cases.oracle.layers import Outcome, RunFailed, _to_numpy, call_kernel, expectation
 from flashcheck.reference import numpy_ref
 
 POOL = 512              # a map is max-pooled down to at most this many cells a side (the plot has fewer pixels)
@@ -74,7 +74,7 @@ def _maps(kernel, case, caps, conventions):
     expect = expectation(case, qkv, device, conventions)
     t0 = time.perf_counter()
     try:
-        got = _numpy(call_kernel(kernel, case, caps, qkv, device).result)
+        got = _to_numpy(call_kernel(kernel, case, caps, qkv, device).result)
     except (RunFailed, Outcome) as stop:
         maps["error"] = f"the diagnostic call of the kernel failed: {stop}"
         return maps
@@ -85,10 +85,6 @@ def _maps(kernel, case, caps, conventions):
     maps["weights"] = _weights(kernel, case, caps, conventions, qkv, device, seconds)
     maps["max"] = max(m["max"] for m in (maps["out"], maps["weights"]) if "max" in m)
     return maps
-
-
-def _numpy(t):
-    return t.detach().to("cpu", torch.float64).numpy()
 
 
 def _ratio(got, exp, tol):
@@ -153,7 +149,7 @@ def _weights(kernel, case, caps, conventions, qkv, device, seconds):
         probe[:, :, keys, keys % D] = 1      # exact in every dtype
         t0 = time.perf_counter()
         try:
-            out = _numpy(call_kernel(kernel, case, caps, (q, k, probe), device).result)
+            out = _to_numpy(call_kernel(kernel, case, caps, (q, k, probe), device).result)
         except (RunFailed, Outcome) as stop:
             return {"skipped": f"probe call {c + 1} of {calls} (V one-hot) failed: {stop}"}
         got[:, :, :, keys] = out[:, :, :, keys % D]
@@ -163,7 +159,7 @@ def _weights(kernel, case, caps, conventions, qkv, device, seconds):
         if c == 0 and (calls - 1) * seconds > PROBE_SECONDS:
             return {"skipped": f"recovering the weights takes {calls} calls of the kernel, about "
                                f"{calls * seconds:.0f} s at {seconds:.2g} s a call (over {PROBE_SECONDS:.0f} s)"}
-    qn, kn = _numpy(q), _numpy(k)
+    qn, kn = _to_numpy(q), _to_numpy(k)
     scale, align = case.scale, conventions.causal_align
     # the head whose weights are furthest off (non-finite first), one head at a time: (Nq, Nk) float64 each
     worst, where = -1.0, (0, 0)

@@ -57,8 +57,7 @@ EXACT = 1 << 25                                   # up to this many B*H*Nq*Nk*D,
 class Expectation:
     """The reference answer of one case and the tolerance derived for each element of it.
 
-    out (B, H, Nq, D) and lse (B, H, Nq) are float64; tol has out's shape, tol_lse lse's. p is the reference's
-    softmax weights (B, H, Nq, Nk), kept for the discrimination check."""
+    out (B, H, Nq, D) and lse (B, H, Nq) are float64; tol has out's shape, tol_lse lse's."""
     out: np.ndarray
     lse: np.ndarray
     tol: np.ndarray

@@ -77,8 +77,8 @@ def run(args):
     if backend() != "gpu":
         print("flashcheck sanitize: compute-sanitizer needs the GPU backend", file=sys.stderr)
         return 2
-    tool = shutil.which(args.sanitizer) or args.sanitizer
-    if not os.path.exists(tool):
+    tool = find_tool(args.sanitizer) or (args.sanitizer if os.path.exists(args.sanitizer) else None)
+    if tool is None:
         print(f"flashcheck sanitize: {args.sanitizer} not found (it ships with the CUDA toolkit)", file=sys.stderr)
         return 2
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")

@@ -146,8 +146,6 @@ def import_file_as(path, name):
 def uses_triton(kernel):
     """Whether the kernel is written in Triton: its module (or the module of what it wraps) holds a
     @triton.jit function. On the CPU such a kernel runs in Triton's interpreter, whose bfloat16 is wrong."""
-    import inspect
-
     seen = set()
     fn = kernel
     while fn is not None and id(fn) not in seen:
@@ -156,7 +154,7 @@ def uses_triton(kernel):
         if module is not None and any(type(v).__module__.startswith("triton.runtime") for v in vars(module).values()):
             return True
         fn = getattr(fn, "__wrapped__", None) or getattr(fn, "func", None)
-        if fn is not None and not (inspect.isfunction(fn) or callable(fn)):
+        if fn is not None and not callable(fn):
             break
     return False
 

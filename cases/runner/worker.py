@@ -49,6 +49,13 @@ class Raised(Exception):
     """The called function raised (outside what it handles itself); the text is its traceback's end."""
 
 
+def _traceback_tail(exc):
+    """The end of an exception's traceback (its last frames and message), at most 2,000 characters."""
+    import traceback
+
+    return "".join(traceback.format_exception(exc)[-3:])[-2000:]
+
+
 def resolve(path):
     """The function named "package.module:function"."""
     module, _, name = path.partition(":")
@@ -315,9 +322,7 @@ def _child(spec, out):
         try:
             reply = ("ok", resolve(fn)(target, *args, **kwargs))
         except BaseException as exc:  # noqa: BLE001  (a kernel can raise anything, SystemExit included)
-            import traceback
-
-            reply = ("raised", "".join(traceback.format_exception(exc)[-3:])[-2000:])
+            reply = ("raised", _traceback_tail(exc))
         poisoned = gpu and not _cuda_usable()
         _write_frame(out, ("result", reply, poisoned))
         if poisoned:
@@ -364,9 +369,7 @@ class InProcess:
         try:
             return resolve(fn)(self.target, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001
-            import traceback
-
-            raise Raised("".join(traceback.format_exception(exc)[-3:])[-2000:]) from exc
+            raise Raised(_traceback_tail(exc)) from exc
 
     def close(self):
         self.target = None

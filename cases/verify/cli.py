@@ -100,12 +100,6 @@ def run(args):
     from flashcheck.cases.verify import engine
 
     req = request(args)
-    if req.html:
-        from flashcheck.cases.report import html
-
-        missing = html.missing()
-        if missing:
-            return _usage(missing)
     try:
         the_run = engine.run(req)
     except (UsageError, TargetError) as exc:

@@ -168,15 +168,15 @@ def memory_probe(kernel, case, settings):
             return verdict
         peaks.append(call.peak_bytes)
         del call
-    small, big = peaks
-    verdict.peak_bytes = big
+    small, large = peaks
+    verdict.peak_bytes = large
     scores = case.B * case.H * case.Nq * case.Nk
     mib = 2.0 ** 20
-    figures = (f"extra device memory {small / mib:.1f} MiB at Nq = Nk = {half.Nq}, {big / mib:.1f} MiB at "
+    figures = (f"extra device memory {small / mib:.1f} MiB at Nq = Nk = {half.Nq}, {large / mib:.1f} MiB at "
                f"{case.Nq}")
-    if big >= scores / 4 and big >= 2.5 * max(small, 1):
-        verdict.fail(Failure(Kind.MEMORY, f"{figures} (x{big / max(small, 1):.1f} for twice the length, "
-                                          f"{big / scores:.2f} bytes per score): the kernel materialises the "
+    if large >= scores / 4 and large >= 2.5 * max(small, 1):
+        verdict.fail(Failure(Kind.MEMORY, f"{figures} (x{large / max(small, 1):.1f} for twice the length, "
+                                          f"{large / scores:.2f} bytes per score): the kernel materialises the "
                                           "Nq x Nk scores"))
     else:
         verdict.note = figures
