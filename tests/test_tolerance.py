@@ -56,15 +56,11 @@ def test_correct_formulations_pass_and_near_misses_fail(dtype, device, backend, 
         case = case.replace(B=min(case.B, 2), H=min(case.H, 2))
         qkv = inp.values(case)
         g = inp.make_inputs(case, device, qkv=qkv, guard_fill=0.0)
-        scale = abs(case.scale) if case.scale is not None else case.D ** -0.5
-        raw = (qkv[0].double() @ qkv[1].double().transpose(-1, -2)).abs()
-        overflows = case.dtype == "fp16" and raw.numel() and float(raw.max()) * max(scale, 1.0) > 65504
         for conventions in (oracle.Conventions(), oracle.Conventions(fp32_scores=True)):
             e = oracle.expectation(case, qkv, device, conventions)
             candidates = dict(CORRECT)
-            if conventions.fp32_scores or overflows:
-                candidates.pop("in_dtype")            # it rounds its scores to fp16/bf16: not fp32 scores,
-                                                      # and fp16 scores past 65504 are inf: not a correct kernel
+            if conventions.fp32_scores:
+                candidates.pop("in_dtype")            # it rounds its scores to fp16/bf16: not fp32 scores
             if triton_ok and stats["cases"] % kernel_every == 0:
                 candidates["fused"] = fused.attention
             for name, fn in candidates.items():
