@@ -29,8 +29,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 def attention(q, k, v, *, causal=False, scale=None):
     """q: (B, H, Nq, D); k, v: (B, H, Nk, D); one float dtype and device. Returns (B, H, Nq, D)."""
     # SDPA's memory-efficient CUDA kernel needs rows aligned to 8 elements ("cutlassF: no kernel found to
-    # launch!" on the H200 for a row pitch of D + 3): hand it dense copies; the protocol allows any strides.
-    q, k, v = (t.contiguous() for t in (q, k, v))
+    # launch!" on the H200 for a row pitch of D + 3), and it checks the stride of a length-1 sequence too
+    # ("query is not correctly aligned (strideM)" for q of shape (1, 1, 1, 4) with strides (4, 4, 1, 1), which
+    # torch calls contiguous, so .contiguous() keeps it): hand it fresh row-major copies; the protocol allows
+    # any strides.
+    q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
     backends = sdpa_kernel(SDPBackend.MATH) if scale is not None and scale <= 0 else contextlib.nullcontext()
     with backends:
         if not causal:

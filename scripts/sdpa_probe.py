@@ -7,6 +7,7 @@ where the answer is finite), "wrong" (finite but off), or "-" (the backend decli
 for scale = 0 is the mean of V; for a negative scale the softmax favours the smallest scores. This is the
 evidence behind examples/sdpa_attention.py's routing of scale <= 0 and docs/found-bugs.md.
 """
+import contextlib
 import math
 import sys
 
@@ -61,6 +62,22 @@ def main():
                 cells = [cell(backend, q, k, v, s) for s in SCALES]
                 bad += sum(c not in ("ok", "-") for c in cells)
                 print(f"{backend:10} {name:5} " + " ".join(f"{c:>10}" for c in cells))
+    # a length-1 sequence whose (ignored) stride is 1: torch calls such a tensor contiguous
+    print("\nq, k, v of shape (1, 1, 1, 4) stored as (1, 1, 4, 1) and transposed: strides (4, 4, 1, 1), "
+          "is_contiguous() True")
+    for backend in (None, *BACKENDS):
+        for name, dtype in DTYPES.items():
+            q, k, v = (torch.randn(1, 1, 4, 1, device="cuda", generator=g).to(dtype).transpose(-1, -2)
+                       for _ in range(3))
+            try:
+                with sdpa_kernel(BACKENDS[backend]) if backend else contextlib.nullcontext():
+                    out = F.scaled_dot_product_attention(q, k, v)
+                torch.cuda.synchronize()
+                err = (out.double() - reference(q, k, v, None)).abs().max().item()
+                result = "ok" if err < 1e-2 else f"wrong ({err:.2g})"
+            except RuntimeError as e:
+                result = "error: " + str(e).splitlines()[0][:90]
+            print(f"  {backend or 'default':10} {name:5} {result}")
     print(f"\n{bad} cell(s) wrong or NaN")
     return 0
 

@@ -195,3 +195,22 @@ def test_user_folders_do_not_shadow_flashcheck(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, explain(proc)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("target, fused", [("flashcheck.kernel.fused:attention", True),
+                                           ("flashcheck.kernel.unfused:attention", False)], ids=["fused", "unfused"])
+def test_fused_declaration_checks_memory_complexity(tmp_path, target, fused):
+    """--fused: the project's fused kernel passes the memory-complexity check; the seed's unfused baseline,
+    which materialises the Nq x Nk scores by design, fails it with a "memory complexity" finding."""
+    proc, rep = _json(tmp_path, target, "--fused", "--only", "one_query")
+    probe = [c for c in rep["cases"] if c["origin"] == "--fused"]
+    assert len(probe) == 1, rep["cases"]
+    probe = probe[0]
+    assert probe["peak_bytes"] is not None and probe["peak_bytes"] >= 0, probe
+    if fused:
+        assert proc.returncode == 0 and probe["status"] == "pass", explain(proc)
+    else:
+        assert proc.returncode == 1 and probe["status"] == "fail", explain(proc)
+        assert probe["kind"] == "memory complexity", probe
+        assert "materialises the Nq x Nk scores" in probe["failures"][0]["line"], probe
