@@ -3,19 +3,21 @@
 # the GPU half of the documentation's claims (scripts/check_claims.py --backend gpu), and verify's evidence
 # runs (scripts/gpu_verify_real.sh with SET=final), side by side on the one GPU and all cut at TOTAL seconds.
 # Results under $OUT, as few files (a device call brings back eight at most).
-# Usage: OUT=dir [TOTAL=420] [WORKERS=8] [JOBS=6] bash scripts/gpu_check.sh
+# Usage: OUT=dir [TOTAL=420] [WORKERS=8] [JOBS=6] [CLAIMS=update] [SEEDS="0 1"] bash scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+export PYTHONPATH=. PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 TOTAL=${TOTAL:-420}
 # SIGINT at the limit: pytest then still prints its summary (the failures' names) and writes the JUnit XML
 (timeout -s INT -k 30 "$TOTAL" python -m pytest -n "${WORKERS:-8}" -p no:cacheprovider -q -rfE --tb=short \
     --durations=15 --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?" >> "$OUT/pytest.log") &
 (timeout "$TOTAL" python -m flashcheck mutants --killers-only --jobs 3 > "$OUT/mutants.log" 2>&1
  echo "mutants rc=$?" >> "$OUT/mutants.log") &
-(timeout "$TOTAL" python scripts/check_claims.py --backend gpu > "$OUT/claims.log" 2>&1
- echo "claims rc=$?" >> "$OUT/claims.log") &
+# CLAIMS=update: rewrite the GPU transcripts that differ, and bring the documents back in claims_docs.tar.gz
+(timeout "$TOTAL" python scripts/check_claims.py --backend gpu ${CLAIMS:+--$CLAIMS} > "$OUT/claims.log" 2>&1
+ echo "claims rc=$?" >> "$OUT/claims.log"
+ [[ ${CLAIMS:-} == update ]] && tar -czf "$OUT/claims_docs.tar.gz" README.md examples/README.md docs/*.md) &
 SET=final JOBS=${JOBS:-6} TOTAL=$((TOTAL - 40)) LIMIT=$((TOTAL - 50)) OUT="$OUT/verify" \
     bash scripts/gpu_verify_real.sh > "$OUT/verify.log" 2>&1
 wait
