@@ -16,7 +16,16 @@ python scripts/sdpa_probe.py > "$OUT/sdpa_probe.txt" 2>&1 &
 jobs_file=$OUT/jobs.txt; : > "$jobs_file"
 job() { echo "$1|${*:2}" >> "$jobs_file"; }   # name|verify arguments
 # SET=final: the evidence that must be re-run after a change (fewer and shorter runs); SET=full: everything
-if [[ ${SET:-full} == final ]]; then
+# SET=stress: only the stress runs, for SEEDS and FORMS (plain formulations or "fused"/"unfused")
+if [[ ${SET:-full} == stress ]]; then
+  for s in $SEEDS; do
+    for f in ${FORMS:-matmul_softmax einsum sdpa_math fused unfused}; do
+      case $f in fused|unfused) target="flashcheck.kernel.$f:attention";; *) target="examples/plain_attention.py:$f";; esac
+      job "stress_${f}_seed$s" "$target --only one_query --examples $EXAMPLES --seed $s"
+    done
+  done
+  SEEDS=""
+elif [[ ${SET:-full} == final ]]; then
   for s in 1 2 3; do job "sdpa_example_seed$s" "examples/sdpa_attention.py:attention --examples 400 --seed $s"; done
   job plain_matmul_softmax "examples/plain_attention.py:matmul_softmax"
   job plain_fused_check "examples/plain_attention.py:matmul_softmax --fused --only one_query"
