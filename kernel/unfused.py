@@ -8,7 +8,8 @@
 
 Cost: the O(Nq * Nk) buffer is written, read and rewritten, then read again: several passes over an
 N^2 tensor and three launches, where the fused kernel touches only Q, K, V and the output. The softmax
-row must fit one tile, so Nk is capped (MAX_ROW); beyond it this module refuses with a ValueError.
+row must fit one tile, so Nk is capped (MAX_ROW); beyond it this module refuses with NotImplementedError
+(a limit of this kernel, not bad input: verify reports such a case as unsupported).
 
 The lengths keep their roles: the buffer is (Nq, Nk); the scores grid's second axis, the softmax row
 length, the S row stride, the S-column mask and the V row mask use Nk; only the first grid axis and the
@@ -112,7 +113,7 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
     Needs an fp32 (B, H, Nq, Nk) scratch buffer; Nk is capped at MAX_ROW."""
     B, H, Nq, Nk, D, scale = check_attention_inputs(q, k, v, causal, scale, out, block_m, block_n)
     if Nk > MAX_ROW:
-        raise ValueError(f"Nk = {Nk} exceeds the unfused softmax's one-tile row limit {MAX_ROW}; "
+        raise NotImplementedError(f"Nk = {Nk} exceeds the unfused softmax's one-tile row limit {MAX_ROW}; "
                          "use flashcheck.kernel.fused (online softmax) for long rows")
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)

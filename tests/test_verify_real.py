@@ -214,3 +214,11 @@ def test_fused_declaration_checks_memory_complexity(tmp_path, target, fused):
         assert proc.returncode == 1 and probe["status"] == "fail", explain(proc)
         assert probe["kind"] == "memory complexity", probe
         assert "materialises the Nq x Nk scores" in probe["failures"][0]["line"], probe
+
+
+def test_relations_respect_the_declarations():
+    """A relation's transformed input is judged only where the kernel's declarations admit it: duplication
+    turns Nk = 45 into 90, past this kernel's declared --max-seq 48, where it returns zeros by design."""
+    proc = verify(f"{LIMITED}:garbage_beyond_max_seq", "--only", "partial_last_key_block", "-q")
+    assert proc.returncode == 0, explain(proc)
+    assert "passed, 0 failed" in proc.stdout, explain(proc)

@@ -96,10 +96,11 @@ class Trial:
     """One kernel on one case: the case's inputs, their oracle expectation and the base run, each computed
     once and shared by every property checked on the case."""
 
-    def __init__(self, kernel, case, *, device=None, target="kernel", conventions=oracle.Conventions()):
+    def __init__(self, kernel, case, *, device=None, target="kernel", conventions=oracle.Conventions(), decl=None):
         from flashcheck.cases.backend import device as active_device
 
         self.kernel, self.case, self.target, self.conventions = kernel, case, target, conventions
+        self.decl = decl    # the kernel's declarations: a transformed case outside them is no input it takes
         self.device = device or active_device()
         self.qkv = inp.values(case)
         self._expect = None
@@ -124,6 +125,9 @@ class Trial:
         if qkv is not None and any(bool(torch.isinf(t).any()) for t in qkv):
             # the relation's transformation left the dtype's range (huge scores): not a legal input
             raise _Declined("transformed inputs beyond the dtype's range")
+        if case is not None and self.decl is not None and self.decl.reasons(case):
+            # e.g. duplication doubles Nk past --max-seq, or makes Nk != Nq under --same-length
+            raise _Declined("; ".join(self.decl.reasons(case)))
         return self._run(kernel or self.kernel, case or self.case, self.qkv if qkv is None else qkv)
 
     def _run(self, kernel, case, qkv):
@@ -470,10 +474,12 @@ def fixed_params(case):
             "causal_hidden_keys": (max(case.Nq // 2 - 1, 0), s + 3)}
 
 
-def check_fixed(kernel, case, *, trial=None, names=METAMORPHIC, target="kernel", conventions=oracle.Conventions()):
+def check_fixed(kernel, case, *, trial=None, names=METAMORPHIC, target="kernel", conventions=oracle.Conventions(),
+                decl=None):
     """Every applicable property in `names` with fixed_params, sharing one Trial. Returns the first
-    PropertyFailure, or None."""
-    trial = trial or Trial(kernel, case, target=target, conventions=conventions)
+    PropertyFailure, or None. decl: the kernel's declarations; a relation whose transformed case they
+    exclude is not checked."""
+    trial = trial or Trial(kernel, case, target=target, conventions=conventions, decl=decl)
     params = fixed_params(case)
     for prop in PROPERTIES:
         if prop.name in names and prop.applies(case):

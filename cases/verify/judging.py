@@ -75,7 +75,7 @@ def _properties(kernel, case, settings, conventions, verdict):
         verdict.reduced.append(f"properties not checked on cases of more than {BIG:.0e} multiply-adds (each relation "
                                "would judge the case again)")
         return
-    found = properties.check_fixed(kernel, case, target=settings.target, conventions=conventions)
+    found = properties.check_fixed(kernel, case, target=settings.target, conventions=conventions, decl=settings.decl)
     if found is not None:
         f = found.failure
         f.message = f"property {found.prop}: {f.message}" + (f" ({found.detail})" if found.detail else "")
