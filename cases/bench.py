@@ -249,7 +249,7 @@ def cpu_time(fn, warmup_ms, rep_ms):
 class Runtime:
     """torch, triton, the kernel and the timer, imported after the backend is chosen."""
 
-    def __init__(self, on_gpu, warmup, rep):
+    def __init__(self, on_gpu, warmup, rep, precision="ieee"):
         import torch
         import torch.nn.functional as F
         import triton
@@ -260,6 +260,7 @@ class Runtime:
         self.torch, self.triton, self.F, self.fused = torch, triton, F, fused
         self.SDPBackend, self.sdpa_kernel = SDPBackend, sdpa_kernel
         self.on_gpu = on_gpu
+        self.precision = precision   # the kernel's fp32 products (--precision); half precision ignores it
         self.device = "cuda" if on_gpu else "cpu"
         self.dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
         if on_gpu:
@@ -315,11 +316,15 @@ class Runtime:
                 self.release()
         return None, "", "; ".join(tried)
 
+    def precision_of(self, shape):
+        return self.precision if shape.dtype == "fp32" else "ieee"
+
     def kernel_config(self, shape, blocks):
-        bm, bn, warps, stages = self.fused.default_blocks(shape.Nq, shape.Nk, shape.D, self.dtypes[shape.dtype])
+        bm, bn, warps, stages = self.fused.default_blocks(shape.Nq, shape.Nk, shape.D, self.dtypes[shape.dtype],
+                                                          self.precision_of(shape))
         if blocks:
             bm, bn = blocks
-        return f"{bm}x{bn} w{warps} s{stages}"
+        return f"{bm}x{bn} w{warps} s{stages}" + (" tf32x3" if self.precision_of(shape) == "tf32x3" else "")
 
     def measure(self, fn):
         """(Cell, output of a trial call). The trial call compiles, and shows failures before the timer runs."""
@@ -364,7 +369,8 @@ class Runtime:
             ref, row.ref_backend, ref_note = self.reference(shape, q, k, v)
             bm, bn = blocks or (None, None)
             row.cells["kernel"], out = self.measure(
-                lambda: self.fused.attention(q, k, v, causal=shape.causal, block_m=bm, block_n=bn))
+                lambda: self.fused.attention(q, k, v, causal=shape.causal, block_m=bm, block_n=bn,
+                                             precision=self.precision_of(shape)))
             if ref is None:
                 row.check, row.check_note = "no reference", ref_note
             elif out is None:
@@ -387,7 +393,8 @@ class Runtime:
     def sweep_shape(self, shape, candidates):
         """A SweepRecord per candidate (BLOCK_M, BLOCK_N, num_warps, num_stages) and for the kernel's default
         configuration, each output spot-checked against SDPA's."""
-        default = tuple(self.fused.default_blocks(shape.Nq, shape.Nk, shape.D, self.dtypes[shape.dtype]))
+        default = tuple(self.fused.default_blocks(shape.Nq, shape.Nk, shape.D, self.dtypes[shape.dtype],
+                                                  self.precision_of(shape)))
         configs = list(candidates) + ([default] if default not in candidates else [])
         records = []
         try:
@@ -396,7 +403,8 @@ class Runtime:
             for config in configs:
                 bm, bn, warps, stages = config
                 cell, out = self.measure(lambda: self.fused.attention(
-                    q, k, v, causal=shape.causal, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages))
+                    q, k, v, causal=shape.causal, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages,
+                    precision=self.precision_of(shape)))
                 if ref is None:
                     check, diff, note = "no reference", None, ref_note
                 elif out is None:
@@ -441,10 +449,10 @@ def config_text(config):
     return f"{bm}x{bn} w{warps} s{stages}"
 
 
-def sweep_candidates(smoke=False, blocks=None, dtype="bf16"):
+def sweep_candidates(smoke=False, blocks=None, dtype="bf16", precision="ieee"):
     """Every (block_m, block_n, num_warps, num_stages) of the dtype's grid; --blocks pins the tile and sweeps
     the rest."""
-    grid = SMOKE_SWEEP_GRID if smoke else FP32_SWEEP_GRID if dtype == "fp32" else SWEEP_GRID
+    grid = SMOKE_SWEEP_GRID if smoke else FP32_SWEEP_GRID if dtype == "fp32" and precision == "ieee" else SWEEP_GRID
     bms, bns = ((blocks[0],), (blocks[1],)) if blocks else (grid["block_m"], grid["block_n"])
     return [(bm, bn, w, s) for bm in bms for bn in bns for w in grid["num_warps"] for s in grid["num_stages"]]
 
@@ -751,6 +759,8 @@ def options_text(args):
         parts.append(f"--blocks {args.blocks[0]}x{args.blocks[1]}")
     if args.sweep_blocks:
         parts.append("--sweep-blocks")
+    if args.precision != "ieee":
+        parts.append(f"--precision {args.precision}")
     return " ".join(parts)
 
 
@@ -814,6 +824,9 @@ def add_arguments(parser):
     parser.add_argument("--rep", type=_positive_ms, default=100.0, help="do_bench repetition time, ms (default 100)")
     parser.add_argument("--blocks", type=parse_blocks, metavar="BMxBN",
                         help="force the kernel's BLOCK_M x BLOCK_N (default: flashcheck.kernel.fused.default_blocks)")
+    parser.add_argument("--precision", choices=("ieee", "tf32x3"), default="ieee",
+                        help="the kernel's fp32 products (flashcheck.kernel.fused.attention's precision=): ieee "
+                             "(default) or tf32x3; fp16 and bf16 shapes ignore it")
     parser.add_argument("--sweep-blocks", action="store_true",
                         help="time the kernel with every (BLOCK_M, BLOCK_N, num_warps, num_stages) candidate "
                              "and print the best (with --blocks: sweep warps and stages only)")
@@ -855,7 +868,7 @@ def run(args):
         return 2
     started = time.perf_counter()
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    rt = Runtime(on_gpu, args.warmup, args.rep)
+    rt = Runtime(on_gpu, args.warmup, args.rep, args.precision)
     # Everything that can fail outside the measurements is done before them, so that a failure costs no
     # device time and finished measurements are never lost to it.
     meta = collect_meta(rt, args, date)
@@ -906,7 +919,7 @@ def estimate_seconds(timings, warmup, rep):
 
 
 def _run_sweep(rt, args, shapes, paths, meta, started):
-    candidates = {s: sweep_candidates(args.smoke, args.blocks, s.dtype) for s in shapes}
+    candidates = {s: sweep_candidates(args.smoke, args.blocks, s.dtype, args.precision) for s in shapes}
     timings = sum(len(c) + 1 for c in candidates.values())
     _progress(f"flashcheck bench --sweep-blocks: {len(shapes)} shapes, {timings} configurations (the default "
               f"included) on {rt.device}, {rt.timer}; about "

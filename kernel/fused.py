@@ -188,12 +188,15 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         tl.store(l_ptrs, lse, mask=offs_m < Nq)
 
 
-def default_blocks(Nq, Nk, D, dtype):
+def default_blocks(Nq, Nk, D, dtype, precision="ieee"):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a problem, by rule (the caller may override blocks)."""
     block_d = head_dim_block(D)
     if interpreter_active():
         # The interpreter runs one program at a time in NumPy: fewer, larger programs are faster.
         return 64, 64, 4, 1
+    if dtype == torch.float32 and precision == "tf32x3":
+        # three tf32 tensor-core products per multiply: fp16-like tiles, fp32 operands (twice the registers)
+        return (64, 64, 4, 3) if block_d <= 64 else (64, 32, 4, 2)
     if dtype == torch.float32:
         # ieee fp32 dots run on CUDA cores (FFMA) and hold 2x the registers of fp16 tiles. H200, N = 4k,
         # triton 3.6 (scripts/resources.py gives the stack): D = 64: 64 x 64, 4 warps 19.6 TFLOP/s with 1 KB
@@ -214,8 +217,11 @@ def head_dim_block(D):
     return max(triton.next_power_of_2(D), 16)
 
 
+PRECISIONS = ("ieee", "tf32x3")
+
+
 def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, block_m=None, block_n=None,
-              num_warps=None, num_stages=None):
+              num_warps=None, num_stages=None, precision="ieee"):
     """Fused FlashAttention-2 forward.
 
     q: (B, H, Nq, D); k, v: (B, H, Nk, D); one dtype (float32, float16 or bfloat16), one device; any
@@ -226,14 +232,21 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
     natural-log row log-sum-exp of the scaled scores.
     block_m, block_n: optional powers of two overriding the default tile (>= 16 on the GPU);
     num_warps, num_stages: optional launch overrides (for tuning; defaults from default_blocks()).
+    precision: how fp32 inputs are multiplied: "ieee" (the default, the seed's: fp32 products on CUDA
+    cores) or "tf32x3" (each product as three tf32 tensor-core products, a split of each operand into a tf32
+    head and a tf32 tail: fp32's accuracy within the same oracle tolerance, at tensor-core speed). fp16 and
+    bf16 products are exact in fp32 whatever it says. Plain "tf32" (10 mantissa bits) is not offered: it
+    fails the fp32 oracle (mutant fp32_tf32_dot).
     """
     B, H, Nq, Nk, D, scale = check_attention_inputs(q, k, v, causal, scale, out, block_m, block_n)
     check_launch(num_warps, num_stages)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
     if B * H * Nq > 0:
-        bm, bn, warps, stages = default_blocks(Nq, Nk, D, q.dtype)
+        bm, bn, warps, stages = default_blocks(Nq, Nk, D, q.dtype, precision)
         bm, bn = block_m or bm, block_n or bn
         num_warps, num_stages = num_warps or warps, num_stages or stages
         grid = (triton.cdiv(Nq, bm), B * H)
@@ -243,7 +256,9 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
             *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
             H, Nq, Nk,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=head_dim_block(D), HEAD_DIM=D,
-            IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0, INPUT_PRECISION="ieee",
+            IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0,
+            # guards: mutant tf32x3_single_pass (GPU); cases of attention_tf32x3 in fp32
+            INPUT_PRECISION=precision if q.dtype == torch.float32 else "ieee",
             num_warps=num_warps, num_stages=num_stages,
             # no fused multiply-add: every score minus the row max is then exact at the max (see the fast
             # path). H200, fp16/bf16, D = 64 and 128, N = 4k and 8k: 2 to 6 % slower than with fusion. Only
@@ -253,6 +268,14 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
     return (out, lse) if return_lse else out
 
 
+def attention_tf32x3(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, block_m=None,
+                     block_n=None, num_warps=None, num_stages=None):
+    """attention with precision="tf32x3": the entry point verify judges that mode through
+    (flashcheck verify flashcheck.kernel.fused:attention_tf32x3), on the same fp32 tolerance as "ieee"."""
+    return attention(q, k, v, causal=causal, scale=scale, out=out, return_lse=return_lse, block_m=block_m,
+                     block_n=block_n, num_warps=num_warps, num_stages=num_stages, precision="tf32x3")
+
+
 # What flashcheck verify should know about this kernel (docs/design.md: declarations): its scores stay in fp32,
 # so half-precision cases are judged without the allowance for scores rounded to the input dtype.
-attention.flashcheck_declarations = {"fp32_scores": True}
+attention.flashcheck_declarations = attention_tf32x3.flashcheck_declarations = {"fp32_scores": True}

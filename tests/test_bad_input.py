@@ -89,3 +89,11 @@ def test_nan_input_propagates(attention, device):
 def test_bad_launch_overrides(device, kwargs):
     with pytest.raises(ValueError, match="num_"):
         fused.attention(*_qkv(device), **kwargs)
+
+
+def test_unknown_precision_is_named(device):
+    from flashcheck.kernel import fused
+
+    q, k, v = _qkv(device)
+    with pytest.raises(ValueError, match="precision must be one of ieee, tf32x3, got 'tf32'"):
+        fused.attention(q, k, v, precision="tf32")

@@ -1,4 +1,5 @@
-"""fp32 precision on the GPU: dots with input_precision="ieee" pass the fp32 tolerance, tf32 dots fail it.
+"""fp32 precision on the GPU: dots with input_precision="ieee" pass the fp32 tolerance, tf32 dots fail it, and
+the kernel's precision="tf32x3" (three tf32 products per multiply) passes it like ieee, on every fp32 case.
 
 The tf32 variant is the bug corpus's mutant fp32_tf32_dot (the real kernel carries no precision switch).
 On the CPU the interpreter computes every dot exactly, so only the GPU can judge this.
@@ -33,3 +34,24 @@ def test_ieee_passes_and_tf32_fails_the_fp32_tolerance(record_property):
     assert ieee <= 1 < tf32_ratio
     assert oracle.judge(fused.attention, case).passed
     assert oracle.judge(tf32.attention, case).kind == "mismatch"
+
+
+def test_tf32x3_passes_the_fp32_tolerance_where_tf32_fails(record_property):
+    from flashcheck.cases.corpus import mutants
+    from flashcheck.kernel import fused
+
+    case = catalogue.get("fp32_precision")
+    x3 = _worst_ratio(fused.attention_tf32x3, case)
+    single = _worst_ratio(mutants.kernel(mutants.get("tf32x3_single_pass")), case)
+    print(f"\nfp32 on {torch.cuda.get_device_name()}: largest err/tol tf32x3 {x3:.3g}, its single-pass mutant "
+          f"{single:.3g}")
+    record_property("tf32x3_err_over_tol", f"{x3:.3g}")
+    assert x3 <= 1 < single
+
+
+def test_tf32x3_passes_every_fp32_catalogue_case():
+    """The whole fp32 catalogue and its properties, judged by verify on attention_tf32x3."""
+    from tests.test_verify import explain, verify
+
+    proc = verify("flashcheck.kernel.fused:attention_tf32x3", "--dtypes", "fp32", "-q")
+    assert proc.returncode == 0 and " 0 failed" in proc.stdout, explain(proc)

@@ -47,6 +47,7 @@ class Mutant:
     killers: tuple       # names of catalogue cases expected to kill it
     gpu_only: str = ""   # non-empty: why only the compiled GPU path shows it (skipped on CPU with this reason)
     edits: tuple = ()    # further (find, replace) pairs, applied in order after the first
+    entry: str = "attention"   # the module's function judged (attention_tf32x3 for a bug of that mode)
 
     @property
     def all_edits(self):
@@ -55,13 +56,14 @@ class Mutant:
     def to_json(self):
         return {"name": self.name, "module": self.module, "edits": [list(e) for e in self.all_edits],
                 "breaks": self.breaks, "origin": self.origin, "killers": list(self.killers),
-                "gpu_only": self.gpu_only}
+                "gpu_only": self.gpu_only, "entry": self.entry}
 
     @classmethod
     def from_json(cls, d):
         (find, replace), *rest = d["edits"]
         return cls(d["name"], d["module"], find, replace, d.get("breaks", ""), d.get("origin", ""),
-                   tuple(d.get("killers", ())), d.get("gpu_only", ""), tuple(tuple(e) for e in rest))
+                   tuple(d.get("killers", ())), d.get("gpu_only", ""), tuple(tuple(e) for e in rest),
+                   d.get("entry", "attention"))
 
 
 def _kernel_text(module):
@@ -130,6 +132,11 @@ def load(mutant):
     return module
 
 
+def kernel(mutant):
+    """The mutant's attention function: its module's entry point (``attention`` unless it says otherwise)."""
+    return getattr(load(mutant), mutant.entry)
+
+
 def target(mutant):
     return f"mutant {mutant.name} (kernel/{mutant.module}.py)"
 
@@ -159,7 +166,7 @@ def kill(mutant, cases=None, *, isolate=None, timeout=None):
         isolate = backend() == "gpu"
     if isolate:
         return judge_isolated([(mutant, cases)], timeout=timeout)[0]
-    attention = load(mutant).attention
+    attention = kernel(mutant)
     return [(c, judge_in_worker(attention, c, target(mutant))) for c in cases]
 
 
@@ -356,12 +363,23 @@ MUTANTS = [
            "nor stored)",
            _SEED_DOT + " (do not hard-code 16)", ("head_dim_17", "head_dim_59", "head_dim_64")),
     Mutant("fp32_tf32_dot", "fused",
-           'NEGATIVE_SCALE=scale < 0, INPUT_PRECISION="ieee"', 'NEGATIVE_SCALE=scale < 0, INPUT_PRECISION="tf32"',
+           'INPUT_PRECISION=precision if q.dtype == torch.float32 else "ieee"',
+           'INPUT_PRECISION="tf32" if q.dtype == torch.float32 else "ieee"',
            "fp32 dots without input_precision='ieee': operands rounded to tf32 (10 mantissa bits, ~1e-3 "
            "relative error) fail the fp32 tolerance",
            _SEED_DOT + " (fp32 operands need an explicit input_precision)", ("fp32_precision",),
            gpu_only="the interpreter computes every dot in full fp32 whatever input_precision says; only "
                     "the GPU's tensor cores round to tf32"),
+    Mutant("tf32x3_single_pass", "fused",
+           'INPUT_PRECISION=precision if q.dtype == torch.float32 else "ieee"',
+           'INPUT_PRECISION=("tf32" if precision == "tf32x3" else precision) if q.dtype == torch.float32 '
+           'else "ieee"',
+           "precision='tf32x3' passed to the dot as plain 'tf32': one tensor-core product of operands rounded to "
+           "10 mantissa bits instead of three (head x head + head x tail + tail x head), ~1e-3 relative error "
+           "where fp32 promises ~1e-7",
+           "issue 13 (the tf32x3 precision mode); the same class as fp32_tf32_dot", ("fp32_precision",),
+           gpu_only="the interpreter computes every dot in full fp32 whatever input_precision says",
+           entry="attention_tf32x3"),
     # --- the online-softmax state and the rescale direction ------------------------------------------
     Mutant("rescale_paper_inverse", "fused",
            "acc = acc * c[:, None]", "acc = acc / c[:, None]",

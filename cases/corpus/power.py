@@ -110,7 +110,7 @@ def measure(names=None, *, examples=DEFAULT_EXAMPLES, props=None, shrink=False, 
             done(i, Outcome(m.name, m.module, "skipped", detail=f"GPU only: {m.gpu_only}"))
         elif not isolate:
             try:
-                attention = mutants.load(m).attention
+                attention = mutants.kernel(m)
             except Exception as exc:  # noqa: BLE001  (drift, or a mutant that does not import)
                 done(i, Outcome(m.name, m.module, "error", detail=f"{type(exc).__name__}: {exc}"[:500]))
                 continue

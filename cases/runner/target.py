@@ -91,7 +91,7 @@ def _load_mutant(spec):
 
     try:
         mutant = mutants.get(spec[len(MUTANT_PREFIX):]) if isinstance(spec, str) else spec
-        return mutants.load(mutant).attention
+        return mutants.kernel(mutant)
     except KeyError as exc:
         raise TargetError(str(exc.args[0])) from None
     except Exception as exc:  # noqa: BLE001  (drift, or a generated mutant that does not import)
