@@ -175,6 +175,12 @@ CATALOGUE = [
          gpu_only="size: 4 GiB per tensor, beyond the interpreter"),
     Case("long_cross_decode", why="decode-like: few queries, many keys, default tiles", B=2, H=4, Nq=3,
          Nk=4099, D=128, seed=39, gpu_only="size: the interpreter would take minutes"),
+    Case("split_kv_decode", why="decode (16 queries, 769 keys, B*H = 2): a split-KV kernel splits the keys, "
+         "e.g. [0, 256) .. [768, 769): overlapping or dropped keys, or a wrongly weighted combine", H=2, Nq=16,
+         Nk=769, D=32, seed=65),
+    Case("split_kv_decode_causal", why="split_kv_decode, causal: the last split's one key is seen by the last "
+         "query only, so 15 rows have an empty split (lse -inf): its partial output must be 0, not 0/0",
+         H=2, Nq=16, Nk=769, D=32, causal=True, seed=66),
 ]
 
 BY_NAME = {c.name: c for c in CATALOGUE}

@@ -114,10 +114,14 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
               stride_vz, stride_vh, stride_vn, stride_vk,
               stride_oz, stride_oh, stride_om, stride_ok,
               stride_lz, stride_lh, stride_lm,
-              H, Nq, Nk,
+              H, Nq, Nk, keys_per_split,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
-              NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+              NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT: tl.constexpr):
+    """One (query block, batch x head) program; with SPLIT, one (query block, batch x head, key split)
+    program that folds only keys [split * keys_per_split, (split + 1) * keys_per_split) and writes its partial
+    state (Out: fp32 (B*H, splits, Nq, HEAD_DIM) output normalised by its own l; Lse: fp32 (B*H, splits, Nq)
+    log2-domain log-sum-exp) for _attn_combine."""
     start_m = tl.program_id(0) * BLOCK_M
     off_bh = tl.program_id(1)
     off_b = off_bh // H
@@ -160,14 +164,36 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     else:
         hi = Nk
         full_hi = Nk // BLOCK_N * BLOCK_N
+    if SPLIT:
+        # This program's keys: [split_lo, split_hi), cut out of both ranges (keys_per_split is a multiple of
+        # BLOCK_N, so every range still starts on a block). A split may hold no key a row sees (causal): the
+        # loops then run zero times and the program still writes its (empty) partial state below.
+        # guards: mutants split_keys_overlap, split_last_keys_dropped; cases split_kv_decode*
+        split_lo = tl.program_id(2) * keys_per_split
+        split_hi = split_lo + keys_per_split
+        fast_lo, fast_hi = split_lo, tl.minimum(full_hi, split_hi)
+        masked_lo, masked_hi = tl.maximum(full_hi, split_lo), tl.minimum(hi, split_hi)
+    else:
+        fast_lo, fast_hi, masked_lo, masked_hi = 0, full_hi, full_hi, hi
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                                    qk_scale, start_m, 0, full_hi, Nk, causal_shift,
+                                    qk_scale, start_m, fast_lo, fast_hi, Nk, causal_shift,
                                     BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, False, IS_CAUSAL, NEGATIVE_SCALE,
                                     INPUT_PRECISION)
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                                    qk_scale, start_m, full_hi, hi, Nk, causal_shift,
+                                    qk_scale, start_m, masked_lo, masked_hi, Nk, causal_shift,
                                     BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, True, IS_CAUSAL, NEGATIVE_SCALE,
                                     INPUT_PRECISION)
+    if SPLIT:
+        # The partial state of this split: its output normalised by its own l (l = 0 when no row key fell in
+        # it: divide by 1, not 0, or 0/0 = NaN reaches the combine, where a zero weight times NaN is still
+        # NaN), and its log2-domain log-sum-exp, -inf for such rows. guards: mutant split_partial_no_l_guard;
+        # case split_kv_decode_causal
+        split = tl.program_id(2)
+        l_part = tl.where(l_i == 0.0, 1.0, l_i)
+        row = (off_bh.to(tl.int64) * tl.num_programs(2) + split) * Nq + offs_m
+        tl.store(Out + row[:, None] * HEAD_DIM + offs_d[None, :], acc / l_part[:, None], mask=q_mask)
+        tl.store(Lse + row, tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_part)), mask=offs_m < Nq)
+        return
 
     # Normalise once. A row that sees no key (causal, Nq > Nk) has l = 0 and acc = 0: its output is 0
     # (divide by 1, not 0) and its log-sum-exp is -inf. guards: mutants causal_no_masked_row_guard,
@@ -188,12 +214,85 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         tl.store(l_ptrs, lse, mask=offs_m < Nq)
 
 
+@triton.jit
+def _attn_combine(Opart, Lpart, Out, Lse,
+                  stride_oz, stride_oh, stride_om, stride_ok,
+                  stride_lz, stride_lh, stride_lm,
+                  H, Nq, splits,
+                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, STORE_LSE: tl.constexpr):
+    """Merge the splits' partial states of _attn_fwd(SPLIT=True) into the output, in the same online way as
+    the key loop: a running max of the splits' log-sum-exps, each split's output weighted by
+    exp2(lse_split - max)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    off_bh = tl.program_id(1)
+    off_b = off_bh // H
+    off_h = off_bh % H
+    offs_d = tl.arange(0, BLOCK_D)
+    rows = offs_m < Nq
+    mask = rows[:, None] & (offs_d[None, :] < HEAD_DIM)
+    m_c = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_c = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc_c = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # last split first: any order is right, and this one makes a row's first splits empty ones under causal
+    for i in range(0, splits):
+        split = splits - 1 - i
+        row = (off_bh.to(tl.int64) * splits + split) * Nq + offs_m
+        lse = tl.load(Lpart + row, mask=rows, other=float("-inf"))
+        part = tl.load(Opart + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0)
+        m_new = tl.maximum(m_c, lse)
+        # A split whose keys a row never sees has lse -inf: its weight must be exactly 0, and while every
+        # split so far was such, the shift is 0, not -inf (-inf - -inf is NaN). In split_kv_decode_causal the
+        # last split, combined first, holds one key that 15 of the 16 rows do not see.
+        # guards: mutant split_combine_no_inf_guard; case split_kv_decode_causal
+        m_shift_c = tl.where(m_new == float("-inf"), 0.0, m_new)
+        c = tl.math.exp2(m_c - m_shift_c)
+        w = tl.math.exp2(lse - m_shift_c)
+        l_c = l_c * c + w
+        acc_c = acc_c * c[:, None] + w[:, None] * part
+        m_c = m_new
+    l_sum = tl.where(l_c == 0.0, 1.0, l_c)
+    o_dst = Out + off_b.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+    tl.store(o_dst + offs_m[:, None] * stride_om + offs_d[None, :] * stride_ok,
+             (acc_c / l_sum[:, None]).to(Out.dtype.element_ty), mask=mask)
+    if STORE_LSE:
+        lse = tl.where(l_c == 0.0, float("-inf"), (m_c + tl.math.log2(l_sum)) * 0.6931471805599453)  # ln 2
+        lse_ptrs = Lse + off_b.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + offs_m * stride_lm
+        tl.store(lse_ptrs, lse, mask=rows)
+
+
+# Split-KV (decode): few queries against many keys leave most of the GPU idle with one program per (query
+# block, batch x head); splitting the keys over several programs, then combining, fills it.
+SPLIT_MAX_QUERIES = 16     # decode-like: every query in one block of 16 rows
+SPLIT_MIN_KEYS = 128       # no split holds fewer keys (a split's fixed cost is its Q load and its partial state)
+SPLIT_MAX = 64             # bounds the combine's loop and the partial state (B*H*64*Nq*D floats)
+
+
+def split_plan(B, H, Nq, Nk, block_m, block_n, device):
+    """(splits, keys_per_split) of a call: splits = 1 unless the call is decode-like (Nq <= 16) with too few
+    programs to fill the device (4 per SM on a GPU, 8 on the interpreter) and at least 2 * SPLIT_MIN_KEYS
+    keys. keys_per_split is a multiple of block_n, and splits is recomputed from it, so that every split holds
+    at least one key (an empty split is never launched)."""
+    programs = B * H * triton.cdiv(Nq, block_m)
+    if interpreter_active():
+        target = 8
+    else:
+        target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    if Nq > SPLIT_MAX_QUERIES or Nk < 2 * SPLIT_MIN_KEYS or programs >= target:
+        return 1, Nk
+    splits = min(triton.cdiv(target, programs), Nk // SPLIT_MIN_KEYS, SPLIT_MAX)
+    keys_per_split = triton.cdiv(triton.cdiv(Nk, splits), block_n) * block_n
+    return triton.cdiv(Nk, keys_per_split), keys_per_split
+
+
 def default_blocks(Nq, Nk, D, dtype, precision="ieee"):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a problem, by rule (the caller may override blocks)."""
     block_d = head_dim_block(D)
     if interpreter_active():
         # The interpreter runs one program at a time in NumPy: fewer, larger programs are faster.
         return 64, 64, 4, 1
+    if Nq <= SPLIT_MAX_QUERIES and dtype != torch.float32:
+        # decode-like: one block of 16 rows (tl.dot's minimum) instead of 128 mostly empty ones
+        return (16, 128, 4, 3) if block_d <= 128 else (16, 64, 4, 2)
     if dtype == torch.float32 and precision == "tf32x3":
         # three tf32 tensor-core products per multiply: fp16-like tiles, fp32 operands (twice the registers)
         return (64, 64, 4, 3) if block_d <= 64 else (64, 32, 4, 2)
@@ -249,15 +348,23 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
         bm, bn, warps, stages = default_blocks(Nq, Nk, D, q.dtype, precision)
         bm, bn = block_m or bm, block_n or bn
         num_warps, num_stages = num_warps or warps, num_stages or stages
-        grid = (triton.cdiv(Nq, bm), B * H)
+        splits, keys_per_split = split_plan(B, H, Nq, Nk, bm, bn, q.device)
+        if splits > 1:
+            # the partial states of the splits (every one written by its program, see _attn_fwd)
+            o_dst = torch.empty((B * H, splits, Nq, D), dtype=torch.float32, device=q.device)
+            l_dst = torch.empty((B * H, splits, Nq), dtype=torch.float32, device=q.device)
+        else:
+            o_dst, l_dst = out, lse
+        grid = (triton.cdiv(Nq, bm), B * H, splits)
         # every tensor passes its own strides. guards: mutants v_strides_from_k, out_strides_from_q
         _attn_fwd[grid](
-            q, k, v, out, lse, scale * LOG2E,
+            q, k, v, o_dst, l_dst, scale * LOG2E,
             *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
-            H, Nq, Nk,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=head_dim_block(D), HEAD_DIM=D,
+            H, Nq, Nk, keys_per_split,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=head_dim_block(D), HEAD_DIM=D, SPLIT=splits > 1,
             IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0,
-            # guards: mutant tf32x3_single_pass (GPU); cases of attention_tf32x3 in fp32
+            # fp32 products as precision says (attention_tf32x3 is the verify entry of "tf32x3").
+            # guards: mutants fp32_tf32_dot, tf32x3_single_pass (GPU); case fp32_precision
             INPUT_PRECISION=precision if q.dtype == torch.float32 else "ieee",
             num_warps=num_warps, num_stages=num_stages,
             # no fused multiply-add: every score minus the row max is then exact at the max (see the fast
@@ -265,6 +372,11 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
             # the GPU shows it: the interpreter never fuses. guards: mutant fp_fusion_on; cases huge_scores,
             # huge_scores_negative_scale, extreme_scores_fp32, extreme_scores_bf16
             enable_fp_fusion=False)
+        if splits > 1:
+            cm = 16
+            _attn_combine[(triton.cdiv(Nq, cm), B * H)](
+                o_dst, l_dst, out, lse, *out.stride(), *lse.stride(), H, Nq, splits,
+                BLOCK_M=cm, BLOCK_D=head_dim_block(D), HEAD_DIM=D, STORE_LSE=return_lse, num_warps=4)
     return (out, lse) if return_lse else out
 
 

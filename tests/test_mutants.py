@@ -65,7 +65,7 @@ def test_drift_names_the_mutant_and_the_count(find, count):
         mutants.source(later)
 
 
-CORPUS_SIZE = 51   # the corpus only grows: a mutant removed must say why in its commit, and lower this
+CORPUS_SIZE = 55   # the corpus only grows: a mutant removed must say why in its commit, and lower this
 
 
 def test_corpus_records():

@@ -272,8 +272,9 @@ _STRIDES = "seed: Not covered here (multiple heads and batches: extra index*stri
 _OTHER = "other: realistic slip in this kernel's structure"
 # The loop function sees only Nk; the mutants that give one of Nk's roles to Nq first pass Nq in too.
 _PASS_NQ = (("start_m, lo, hi, Nk, causal_shift,", "start_m, lo, hi, Nk, Nq, causal_shift,"),
-            ("start_m, 0, full_hi, Nk, causal_shift,", "start_m, 0, full_hi, Nk, Nq, causal_shift,"),
-            ("start_m, full_hi, hi, Nk, causal_shift,", "start_m, full_hi, hi, Nk, Nq, causal_shift,"))
+            ("start_m, fast_lo, fast_hi, Nk, causal_shift,", "start_m, fast_lo, fast_hi, Nk, Nq, causal_shift,"),
+            ("start_m, masked_lo, masked_hi, Nk, causal_shift,",
+             "start_m, masked_lo, masked_hi, Nk, Nq, causal_shift,"))
 
 MUTANTS = [
     # --- masks and sentinels -------------------------------------------------------------------------
@@ -330,7 +331,7 @@ MUTANTS = [
            _OTHER + " (masked/unmasked loop split)", ("partial_last_key_block", "many_key_chunks")),
     # --- cross-attention: Nq and Nk keep their roles -------------------------------------------------
     Mutant("one_length_nq", "fused",
-           "H, Nq, Nk,\n            BLOCK_M=bm", "H, Nq, Nq,\n            BLOCK_M=bm",
+           "H, Nq, Nk, keys_per_split,\n            BLOCK_M=bm", "H, Nq, Nq, keys_per_split,\n            BLOCK_M=bm",
            "one length N = Nq for queries and keys: 1 query vs keys [1, 1] and values [5, 10] gives 5, not "
            "7.5, and Nq > Nk reads keys past the end",
            _SEED_CROSS, ("hand_one_query_two_keys", "cross_nq_lt_nk", "cross_nq_gt_nk")),
@@ -380,6 +381,27 @@ MUTANTS = [
            "issue 13 (the tf32x3 precision mode); the same class as fp32_tf32_dot", ("fp32_precision",),
            gpu_only="the interpreter computes every dot in full fp32 whatever input_precision says",
            entry="attention_tf32x3"),
+    # --- split-KV (decode): the key splits and their combine ------------------------------------------
+    Mutant("split_keys_overlap", "fused",
+           "split_hi = split_lo + keys_per_split\n", "split_hi = split_lo + keys_per_split + BLOCK_N\n",
+           "each split also folds the first key block of the next: keys at split borders count twice",
+           "issue 13 (split-KV decode); split borders of published split-KV kernels", ("split_kv_decode",)),
+    Mutant("split_last_keys_dropped", "fused",
+           "return triton.cdiv(Nk, keys_per_split), keys_per_split",
+           "return Nk // keys_per_split, keys_per_split",
+           "the number of splits rounded down: the keys after the last whole split (here key 768) are never read",
+           "issue 13 (split-KV decode)", ("split_kv_decode",)),
+    Mutant("split_partial_no_l_guard", "fused",
+           "l_part = tl.where(l_i == 0.0, 1.0, l_i)", "l_part = l_i",
+           "a split holding no key a row sees stores 0/0 = NaN as its partial output; the combine weights it by "
+           "exactly 0, and 0 * NaN is NaN",
+           "issue 13: a real bug of published split-KV kernels (splits that saw no key)",
+           ("split_kv_decode_causal",)),
+    Mutant("split_combine_no_inf_guard", "fused",
+           'm_shift_c = tl.where(m_new == float("-inf"), 0.0, m_new)', "m_shift_c = m_new",
+           "the combine shifts by the running max of the splits' lse even while it is -inf: -inf - -inf = NaN "
+           "for a row whose first combined splits saw no key",
+           "issue 13: a real bug of published split-KV combines (lse -inf)", ("split_kv_decode_causal",)),
     # --- the online-softmax state and the rescale direction ------------------------------------------
     Mutant("rescale_paper_inverse", "fused",
            "acc = acc * c[:, None]", "acc = acc / c[:, None]",
