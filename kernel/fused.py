@@ -268,18 +268,20 @@ SPLIT_MAX = 64             # bounds the combine's loop and the partial state (B*
 
 
 def split_plan(B, H, Nq, Nk, block_m, block_n, device):
-    """(splits, keys_per_split) of a call: splits = 1 unless the call is decode-like (Nq <= 16) with too few
-    programs to fill the device (4 per SM on a GPU, 8 on the interpreter) and at least 2 * SPLIT_MIN_KEYS
-    keys. keys_per_split is a multiple of block_n, and splits is recomputed from it, so that every split holds
-    at least one key (an empty split is never launched)."""
+    """(splits, keys_per_split) of a call: splits = 1 unless the call is decode-like (Nq <= 16), its programs
+    would leave at least half the SMs idle, and it has at least 2 * SPLIT_MIN_KEYS keys; then about 4 programs
+    per SM. keys_per_split is a multiple of block_n, and splits is recomputed from it, so that every split
+    holds at least one key (an empty split is never launched). The interpreter plays a 4-SM device.
+
+    H200 (132 SMs), bf16, D = 128, against SDPA-flash in the same run: B*H = 32, Nq = 1, Nk = 32k: 0.38 of
+    flash without splits, 0.98-1.01 with; B*H = 128 (the bench's decode shapes, 128 of 132 SMs busy): 1.03
+    without splits, 0.94 with, so those stay unsplit. Decode reads K and V once: about 3.9 TB/s there, near
+    the H200's 4.8 TB/s, for the kernel and flash alike."""
     programs = B * H * triton.cdiv(Nq, block_m)
-    if interpreter_active():
-        target = 8
-    else:
-        target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
-    if Nq > SPLIT_MAX_QUERIES or Nk < 2 * SPLIT_MIN_KEYS or programs >= target:
+    units = 4 if interpreter_active() else torch.cuda.get_device_properties(device).multi_processor_count
+    if Nq > SPLIT_MAX_QUERIES or Nk < 2 * SPLIT_MIN_KEYS or 2 * programs > units:
         return 1, Nk
-    splits = min(triton.cdiv(target, programs), Nk // SPLIT_MIN_KEYS, SPLIT_MAX)
+    splits = min(triton.cdiv(4 * units, programs), Nk // SPLIT_MIN_KEYS, SPLIT_MAX)
     keys_per_split = triton.cdiv(triton.cdiv(Nk, splits), block_n) * block_n
     return triton.cdiv(Nk, keys_per_split), keys_per_split
 
@@ -291,11 +293,18 @@ def default_blocks(Nq, Nk, D, dtype, precision="ieee"):
         # The interpreter runs one program at a time in NumPy: fewer, larger programs are faster.
         return 64, 64, 4, 1
     if Nq <= SPLIT_MAX_QUERIES and dtype != torch.float32:
-        # decode-like: one block of 16 rows (tl.dot's minimum) instead of 128 mostly empty ones
-        return (16, 128, 4, 3) if block_d <= 128 else (16, 64, 4, 2)
+        # decode-like: one block of 16 rows (tl.dot's minimum) instead of 128 mostly empty ones. H200, bf16,
+        # D = 128, B*H = 32, Nq = 1, Nk = 32k, split: 16 x 64, 4 warps, 3 stages 3.6 TFLOP/s (16 x 128: 3.5)
+        return (16, 64, 4, 3) if block_d <= 128 else (16, 32, 4, 2)
     if dtype == torch.float32 and precision == "tf32x3":
-        # three tf32 tensor-core products per multiply: fp16-like tiles, fp32 operands (twice the registers)
-        return (64, 64, 4, 3) if block_d <= 64 else (64, 32, 4, 2)
+        # three tf32 tensor-core products per multiply. H200, N = 4k, TFLOP/s (SDPA-efficient fp32 in the
+        # same run: 35.7 at D = 64, 45.8 at D = 128): D = 64: 128 x 64, 8 warps, 3 stages 53.1 (64 x 64, 4
+        # warps: 39.6); D = 128: 128 x 32, 8 warps, 3 stages 40.3 (64 x 32, 4 warps, 2 stages: 25.6; 128 x 64
+        # needs 320 KB of shared memory, the H200 has 227 KB; 128 x 32 takes 224 KB). D = 256: 32 x 32, 2 stages,
+        # 136 KB (the 64 x 32, 2-stage tile asked for 256 KB and failed head_dim_256 on the H200).
+        if block_d <= 64:
+            return 128, 64, 8, 3
+        return (128, 32, 8, 3) if block_d <= 128 else (32, 32, 4, 2)
     if dtype == torch.float32:
         # ieee fp32 dots run on CUDA cores (FFMA) and hold 2x the registers of fp16 tiles. H200, N = 4k,
         # triton 3.6 (scripts/resources.py gives the stack): D = 64: 64 x 64, 4 warps 19.6 TFLOP/s with 1 KB
