@@ -60,3 +60,13 @@ def test_catalogue_covers_the_issue_checklist():
     assert {"large", "very_negative", "equal_scores"} <= {c.data for c in by.values()}
     for c in catalogue.CATALOGUE:
         assert c.why, f"case {c.name} must say which bug it guards against"
+
+
+@pytest.mark.parametrize("dtypes", [("fp16",), ("fp16", "bf16")], ids=["fp16", "fp16,bf16"])
+def test_half_precision_kernels_get_nine_tenths_of_the_catalogue(dtypes):
+    """Most real kernels are half precision only: at least 90 % of the catalogue's entries must have an
+    instance in their dtypes (the dtype is the point only of the fp32 precision cases)."""
+    from flashcheck.cases.catalogue import CATALOGUE
+
+    applicable = [e.name for e in CATALOGUE if e.instances(dtypes)]
+    assert len(applicable) >= 0.9 * len(CATALOGUE), sorted({e.name for e in CATALOGUE} - set(applicable))
