@@ -18,13 +18,7 @@ job() { echo "$1|${*:2}" >> "$jobs_file"; }   # name|verify arguments
 # SET=final: the evidence that must be re-run after a change (fewer and shorter runs); SET=full: everything
 # SET=stress: only the stress runs, for SEEDS and FORMS (plain formulations or "fused"/"unfused")
 if [[ ${SET:-full} == stress ]]; then
-  for s in $SEEDS; do
-    for f in ${FORMS:-matmul_softmax einsum sdpa_math fused unfused}; do
-      case $f in fused|unfused) target="flashcheck.kernel.$f:attention";; *) target="examples/plain_attention.py:$f";; esac
-      job "stress_${f}_seed$s" "$target --only one_query --examples $EXAMPLES --seed $s"
-    done
-  done
-  SEEDS=""
+  :   # the stress runs below, nothing before them
 elif [[ ${SET:-full} == final ]]; then
   for s in 1 2 3; do job "sdpa_example_seed$s" "examples/sdpa_attention.py:attention --examples 400 --seed $s"; done
   job plain_matmul_softmax "examples/plain_attention.py:matmul_softmax"
@@ -33,12 +27,6 @@ elif [[ ${SET:-full} == final ]]; then
   job sdpa_fused_check "examples/sdpa_attention.py:attention --fused --only one_query,long_cross_decode"
   job sanitize_fused "flashcheck.kernel.fused:attention --sanitize --only partial_last_key_block,causal_nq_gt_nk,head_dim_17"
   for k in flash cudnn efficient; do job "sdpa_$k" "examples/sdpa_backends.py:$k --examples 10"; done
-  # the stress runs last, seed by seed, each formulation in turn (a cut batch still covers every formulation)
-  for s in $SEEDS; do
-    for f in matmul_softmax einsum sdpa_math; do job "stress_${f}_seed$s" "examples/plain_attention.py:$f --only one_query --examples $EXAMPLES --seed $s"; done
-    for k in fused unfused; do job "stress_${k}_seed$s" "flashcheck.kernel.$k:attention --only one_query --examples $EXAMPLES --seed $s"; done
-  done
-  SEEDS=""
 else
 for k in flash efficient cudnn math; do job "sdpa_$k" "examples/sdpa_backends.py:$k"; done
 job flex "examples/flex_attention.py:attention --examples 10"
@@ -50,9 +38,13 @@ job sdpa_fused_check "examples/sdpa_attention.py:attention --fused --only one_qu
 job sanitize_fused "flashcheck.kernel.fused:attention --sanitize --only partial_last_key_block,causal_nq_gt_nk,head_dim_17"
 job sanitize_mutant "mutant:kv_mask_plus --sanitize --only partial_last_key_block,nk_lt_block_n"
 fi
+# every set ends with the stress runs, seed by seed, each formulation in turn (a cut batch still covers every
+# formulation): the plain PyTorch ones and the project's kernels (FORMS picks some)
 for s in $SEEDS; do
-  for f in matmul_softmax einsum sdpa_math; do job "stress_${f}_seed$s" "examples/plain_attention.py:$f --only one_query --examples $EXAMPLES --seed $s"; done
-  for k in fused unfused; do job "stress_${k}_seed$s" "flashcheck.kernel.$k:attention --only one_query --examples $EXAMPLES --seed $s"; done
+  for f in ${FORMS:-matmul_softmax einsum sdpa_math fused unfused}; do
+    case $f in fused|unfused) target="flashcheck.kernel.$f:attention";; *) target="examples/plain_attention.py:$f";; esac
+    job "stress_${f}_seed$s" "$target --only one_query --examples $EXAMPLES --seed $s"
+  done
 done
 run_one() {
   local name=${1%%|*} args=${1#*|}
