@@ -277,9 +277,11 @@ def split_plan(B, H, Nq, Nk, block_m, block_n, device):
     flash without splits, 0.98-1.01 with; B*H = 128 (the bench's decode shapes, 128 of 132 SMs busy): 1.03
     without splits, 0.94 with, so those stay unsplit. Decode reads K and V once: about 3.9 TB/s there, near
     the H200's 4.8 TB/s, for the kernel and flash alike."""
+    if Nq > SPLIT_MAX_QUERIES or Nk < 2 * SPLIT_MIN_KEYS:   # most calls: decided before asking the device
+        return 1, Nk
     programs = B * H * triton.cdiv(Nq, block_m)
     units = 4 if interpreter_active() else torch.cuda.get_device_properties(device).multi_processor_count
-    if Nq > SPLIT_MAX_QUERIES or Nk < 2 * SPLIT_MIN_KEYS or 2 * programs > units:
+    if 2 * programs > units:
         return 1, Nk
     splits = min(triton.cdiv(4 * units, programs), Nk // SPLIT_MIN_KEYS, SPLIT_MAX)
     keys_per_split = triton.cdiv(triton.cdiv(Nk, splits), block_n) * block_n

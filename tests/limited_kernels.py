@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from examples.plain_attention import matmul_softmax
+from flashcheck import declare
 
 
 def same_length_only(q, k, v, *, causal=False, scale=None):
@@ -69,15 +70,7 @@ def out_of_memory_when_long(q, k, v, *, causal=False, scale=None):
     return matmul_softmax(q, k, v, causal=causal, scale=scale)
 
 
-def _declare(**values):
-    # the attribute verify reads (docs/design.md, declarations); set by hand so this file needs no flashcheck
-    def attach(kernel):
-        kernel.flashcheck_declarations = values
-        return kernel
-    return attach
-
-
-@_declare(max_seq=48)
+@declare(max_seq=48)
 def garbage_beyond_max_seq(q, k, v, *, causal=False, scale=None):
     """Documents (and declares) Nq, Nk <= 48, and beyond that returns zeros without a word, as a kernel with
     a fixed-size buffer might: verify must never judge it there, not even through a relation's transformed

@@ -125,9 +125,10 @@ class Trial:
         if qkv is not None and any(bool(torch.isinf(t).any()) for t in qkv):
             # the relation's transformation left the dtype's range (huge scores): not a legal input
             raise _Declined("transformed inputs beyond the dtype's range")
-        if case is not None and self.decl is not None and self.decl.reasons(case):
+        excluded = self.decl.reasons(case) if case is not None and self.decl is not None else ()
+        if excluded:
             # e.g. duplication doubles Nk past --max-seq, or makes Nk != Nq under --same-length
-            raise _Declined("; ".join(self.decl.reasons(case)))
+            raise _Declined("; ".join(excluded))
         return self._run(kernel or self.kernel, case or self.case, self.qkv if qkv is None else qkv)
 
     def _run(self, kernel, case, qkv):
