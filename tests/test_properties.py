@@ -110,7 +110,7 @@ def test_failure_prints_shrunk_case_as_catalogue_entry():
     assert P.reference(fused.attention, entry) is None, "the real kernel must pass the printed case"
 
 
-_QUICK = settings(max_examples=300, database=None, derandomize=True, phases=(Phase.generate,),
+_QUICK = settings(max_examples=1000, database=None, derandomize=True, phases=(Phase.generate,),
                   suppress_health_check=list(HealthCheck))
 _REGIONS = {
     "causal, Nq > Nk (rows that see no key)": lambda c: c.causal and c.Nq > c.Nk,
@@ -152,6 +152,8 @@ def test_strategy_stays_in_the_legal_space(case):
     if many:
         bn = case.block_n or lim.default_block
         assert case.Nq <= S.MANY_QUERIES and case.Nk in {n * bn + d for n in lim.many_blocks for d in (-1, 0, 1)}
+    # large data: any magnitude up to what the dtype's inputs hold (finite inputs are checked when built)
+    assert case.magnitude is None or (case.data == "large" and case.magnitude <= S.magnitude_cap(case.dtype, case.D))
     if backend() == "gpu":
         assert "bf16" in lim.dtypes and min(lim.blocks) >= 16   # tl.dot's minimum
     else:
@@ -192,3 +194,30 @@ def test_power_names_the_killing_property(tmp_path):
     assert exp.status == "missed" and exp.examples >= 8, exp
     (killed,) = power.measure(["exp_instead_of_exp2"], examples=8, props=("reference",), isolate=False)
     assert killed.status == "killed" and killed.prop == "reference", killed
+
+
+@pytest.mark.parametrize("declared", [{}, {"same_length": True}, {"seq_multiple": 64, "head_dims": "64,128"},
+                                      {"dtypes": "fp16", "causal": False}, {"max_seq": 48},
+                                      {"causal_same_length": True}, {"strides": "contiguous", "min_seq": 32}])
+def test_representative_cases_keep_the_declarations(declared):
+    """The cases judged before any drawn one (verify's generated cases, the properties' search) stay within
+    the declarations, build finite inputs, and, where the declarations leave room, include the three bug-class
+    shapes: a causal decode, many key blocks in half precision past the decode threshold, and the largest
+    scores the dtype holds under a negative scale."""
+    from flashcheck.cases.declarations import Declarations
+    from flashcheck.cases.inputs import values
+    from flashcheck.cases.oracle.verdict import Capabilities
+
+    decl = Declarations.make(**declared)
+    dtypes = tuple(d for d in S.limits().dtypes if decl.dtypes is None or d in decl.dtypes)
+    reps = S.representative(decl, dtypes, backend(), Capabilities(out=True, lse=True, blocks=True))
+    assert reps
+    for case in reps:
+        assert not decl.reasons(case), (case, decl.reasons(case))
+        if case.data == "large":
+            assert all(bool(t.isfinite().all()) for t in values(case))   # raises if not
+    if not declared:
+        assert any(c.causal and c.Nq <= 16 < 256 <= c.Nk for c in reps)                        # decode
+        assert any(c.dtype != "fp32" and c.Nq > 16 and c.Nk > 1024 for c in reps)              # many blocks
+        assert any(c.data == "large" and c.scale < 0 and c.magnitude == S.magnitude_cap(c.dtype, c.D)
+                   for c in reps)                                                              # largest scores

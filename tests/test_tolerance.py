@@ -59,8 +59,11 @@ def test_correct_formulations_pass_and_near_misses_fail(dtype, device, backend, 
         for conventions in (oracle.Conventions(), oracle.Conventions(fp32_scores=True)):
             e = oracle.expectation(case, qkv, device, conventions)
             candidates = dict(CORRECT)
-            if conventions.fp32_scores:
-                candidates.pop("in_dtype")            # it rounds its scores to fp16/bf16: not fp32 scores
+            if conventions.fp32_scores or (dtype == "fp16" and case.data == "large" and (case.magnitude or 0) > 8e3):
+                # it rounds its scores to fp16/bf16: not fp32 scores; and its raw fp16 scores overflow past 65504
+                # on large data of magnitude 1e4 and up (legal inputs it cannot take: the catalogue's huge_scores
+                # fails it on purpose); this test is about the tolerance for rounding, not about range
+                candidates.pop("in_dtype")
             if triton_ok and stats["cases"] % kernel_every == 0:
                 candidates["fused"] = fused.attention
             for name, fn in candidates.items():

@@ -2,7 +2,7 @@
 mutant of the bug corpus (cases/corpus/mutants.py) and report which mutants they kill, the fraction, and the time.
 
     python -m flashcheck.cases.corpus.power [--examples N] [--mutant NAME ...] [--property NAME ...] [--shrink]
-                                            [--seed S]
+                                            [--seed S] [--drawn-only]
                           [--jobs N] [--json PATH]
 
 For each mutant: hypothesis generates up to N cases (derandomized: a run repeats exactly, and every mutant
@@ -11,7 +11,9 @@ property on each (the mutant as the kernel; the other project kernel for the agr
 at the first failure. A mutant of kernel/fused.py is compared with the real
 unfused kernel and vice versa. --shrink also shrinks the killing case to a minimal catalogue entry.
 --property restricts the search to some properties (e.g. the metamorphic relations alone, without the
-reference, to measure what they catch with no oracle of record).
+reference, to measure what they catch with no oracle of record). Each search starts, as verify's generated
+cases do, with the representative cases (strategies.representative); --drawn-only leaves them out, to measure
+the drawn cases alone.
 
 Each mutant runs in a child of the runner of cases/runner/worker.py (the one verify uses): a mutant that
 corrupts memory (an interpreter store out of bounds) or faults the GPU takes down its child only, which counts
@@ -41,7 +43,7 @@ class Outcome:
     seconds: float = 0.0
 
 
-def hunt(attention, mutant, examples, shrink, seed, props):
+def hunt(attention, mutant, examples, shrink, seed, props, representative=True):
     """Search the properties for a failure of the mutant (its loaded `attention`). Returns an Outcome as a
     dict. Runs in the runner's child (or in this process with isolate=False)."""
     from flashcheck.cases.corpus import mutants
@@ -50,7 +52,8 @@ def hunt(attention, mutant, examples, shrink, seed, props):
 
     other = fused.attention if mutant.module == "unfused" else unfused.attention
     result = properties.search(attention, examples, other=other, target=mutants.target(mutant),
-                               names=props, shrink=shrink, seed=seed, kernels=("fused", "unfused"))
+                               names=props, shrink=shrink, seed=seed, kernels=("fused", "unfused"),
+                               representative=representative)
     f = result.failure
     if f is None:
         return asdict(Outcome(mutant.name, mutant.module, "missed", examples=result.examples,
@@ -59,7 +62,7 @@ def hunt(attention, mutant, examples, shrink, seed, props):
                           f.failure.line()[:300], f.entry().source(), result.examples, result.seconds))
 
 
-def _hunt_isolated(worker, mutant, examples, shrink, seed, props, timeout):
+def _hunt_isolated(worker, mutant, examples, shrink, seed, props, timeout, representative=True):
     """hunt() in the runner's child; a child that dies or hangs kills the mutant (crash / timeout)."""
     from flashcheck.cases.corpus import mutants
     from flashcheck.cases.runner.target import TargetError
@@ -69,7 +72,7 @@ def _hunt_isolated(worker, mutant, examples, shrink, seed, props, timeout):
     try:
         worker.open(mutants.spec(mutant))
         return Outcome(**worker.call("flashcheck.cases.corpus.power:hunt", mutant, examples, shrink, seed, props,
-                                     timeout=timeout))
+                                     representative, timeout=timeout))
     except TargetError as exc:   # drift (the kernel changed under it) or a mutant that does not import
         return Outcome(mutant.name, mutant.module, "error", detail=str(exc)[:500])
     except Died as exc:
@@ -83,10 +86,11 @@ def _hunt_isolated(worker, mutant, examples, shrink, seed, props, timeout):
 
 
 def measure(names=None, *, examples=DEFAULT_EXAMPLES, props=None, shrink=False, seed=None, isolate=True,
-            timeout=DEFAULT_TIMEOUT, jobs=1, progress=None):
+            timeout=DEFAULT_TIMEOUT, jobs=1, progress=None, representative=True):
     """Outcomes of the properties (all, or those named in props) against the corpus (or the named
     mutants), in corpus order. jobs > 1 hunts that many mutants at once (isolated only); progress(outcome)
-    is called as each one ends, in the order they end."""
+    is called as each one ends, in the order they end. representative=False: the drawn cases alone, without
+    the representative cases verify judges first (properties.search)."""
     import queue
     import threading
 
@@ -114,7 +118,7 @@ def measure(names=None, *, examples=DEFAULT_EXAMPLES, props=None, shrink=False, 
             except Exception as exc:  # noqa: BLE001  (drift, or a mutant that does not import)
                 done(i, Outcome(m.name, m.module, "error", detail=f"{type(exc).__name__}: {exc}"[:500]))
                 continue
-            done(i, Outcome(**hunt(attention, m, examples, shrink, seed, props)))
+            done(i, Outcome(**hunt(attention, m, examples, shrink, seed, props, representative)))
         else:
             pending.put((i, m))
 
@@ -126,7 +130,7 @@ def measure(names=None, *, examples=DEFAULT_EXAMPLES, props=None, shrink=False, 
                     i, m = pending.get_nowait()
                 except queue.Empty:
                     return
-                done(i, _hunt_isolated(worker, m, examples, shrink, seed, props, timeout))
+                done(i, _hunt_isolated(worker, m, examples, shrink, seed, props, timeout, representative))
         finally:
             worker.close()
 
@@ -176,6 +180,8 @@ def main(argv=None):
     parser.add_argument("--shrink", action="store_true", help="shrink each killing case to a minimal one")
     parser.add_argument("--seed", type=int, help="a random seed instead of the derandomized sequence")
     parser.add_argument("--no-isolate", action="store_true", help="run every mutant in this process")
+    parser.add_argument("--drawn-only", action="store_true",
+                        help="the drawn cases alone, without the representative cases verify judges first")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="hunt N mutants at once, each in its own forked child (default 1)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
@@ -215,7 +221,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     outcomes = measure(args.mutant, examples=args.examples, props=args.property, shrink=args.shrink,
                        seed=args.seed, isolate=not args.no_isolate, timeout=args.timeout, jobs=args.jobs,
-                       progress=lambda o: print(line(o), flush=True))
+                       progress=lambda o: print(line(o), flush=True), representative=not args.drawn_only)
     seconds = time.perf_counter() - t0
     print()
     print(summary(outcomes, seconds))

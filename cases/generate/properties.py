@@ -506,19 +506,35 @@ def check(name, kernel, case, param=None, *, other=None, trial=None, target="ker
 
 def check_case(kernel, case, draw, *, other=None, names=None, target="kernel", device=None):
     """Every applicable property (or those in names) on one case, sharing the base run; parameters come
-    from draw (hypothesis's data.draw). Returns the first PropertyFailure, or None."""
+    from draw (hypothesis's data.draw), or are fixed_params(case) when draw is None. Returns the first
+    PropertyFailure, or None."""
     trial = Trial(kernel, case, device=device, target=target)
     params = _param_strategies()
+    fixed = fixed_params(case) if draw is None else {}
     for prop in PROPERTIES:
         if (names and prop.name not in names) or not prop.applies(case):
             continue
         if prop.name == "agreement" and other is None:
             continue
-        param = draw(params[prop.name](case), label=prop.name) if prop.name in params else None
+        if draw is None:
+            param = fixed.get(prop.name)
+        else:
+            param = draw(params[prop.name](case), label=prop.name) if prop.name in params else None
         failure = check(prop.name, kernel, case, param, other=other, trial=trial, target=target)
         if failure is not None:
             return failure
     return None
+
+
+def _within(case, options):
+    """Whether a case keeps within the options of strategies.cases a search was given."""
+    causal, dtypes, layouts, data = (options.get(k) for k in ("causal", "dtypes", "layouts", "data"))
+    head_dim_ok, max_len = options.get("head_dim_ok"), options.get("max_len")
+    return ((causal is None or case.causal == causal) and (dtypes is None or case.dtype in dtypes)
+            and (layouts is None or case.layout in layouts) and (data is None or case.data in data)
+            and (head_dim_ok is None or head_dim_ok(case.D)) and (max_len is None or max(case.Nq, case.Nk) <= max_len)
+            and case.Nq >= options.get("min_nq", 0) and (options.get("scale", True) or case.scale is None)
+            and (options.get("pin_blocks", True) or (case.block_m is None and case.block_n is None)))
 
 
 @dataclass
@@ -529,38 +545,64 @@ class SearchResult:
 
 
 def search(kernel, examples, *, other=None, names=None, target="kernel", shrink=True, seed=None,
-           device=None, **case_options):
-    """Try up to `examples` generated cases (every applicable property on each) and stop at the first
-    failure, shrunk to a minimal case when shrink=True. Derandomized unless a seed is given: the same call
-    tries the same cases. case_options go to strategies.cases (dtypes=, causal=, max_len=, ...)."""
-    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+           device=None, representative=True, **case_options):
+    """Try up to `examples` cases (every applicable property on each) and stop at the first failure: first
+    the representative cases verify judges first (strategies.representative, a quarter of the budget at
+    most, with fixed_params), then distinct generated ones, a failure among those shrunk to a minimal case
+    when shrink=True. Derandomized unless a seed is given: the same call tries the same cases. case_options
+    go to strategies.cases (dtypes=, causal=, max_len=, ...); the representative cases keep within them
+    (representative=False: none, the drawn cases alone)."""
+    from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
     from hypothesis import seed as hypothesis_seed
     from hypothesis import strategies as st
     from hypothesis.errors import Flaky
 
+    from flashcheck.cases.declarations import Declarations
     from flashcheck.cases.generate import strategies as S
 
     case_options.setdefault("kernels", ("fused", "unfused") if other is not None else ("fused",))
-    found, tried = [], [0]
-
-    @settings(max_examples=examples, derandomize=seed is None, database=None, deadline=None,
-              phases=(Phase.generate, Phase.shrink) if shrink else (Phase.generate,),
-              report_multiple_bugs=False, suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
-              print_blob=False)
-    @given(st.data())
-    def explore(data):
+    found, tried, seen = [], [0], set()
+    t0 = time.perf_counter()
+    lim = S.limits(case_options.get("backend"), case_options.get("profile"))
+    dtypes = tuple(d for d in lim.dtypes if case_options.get("dtypes") is None or d in case_options["dtypes"])
+    decl = case_options.get("decl") or Declarations()
+    backend = "gpu" if lim is not S.CPU else "cpu"
+    reps = [c for c in S.representative(decl, dtypes, backend, oracle.Capabilities.of(kernel))
+            if _within(c, case_options)] if dtypes and representative else []
+    for case in reps[:max(1, examples // 4)]:
         tried[0] += 1
+        seen.add(case.source(why=False).split(",", 1)[-1])
+        failure = check_case(kernel, case, None, other=other, names=names, target=target, device=device)
+        if failure is not None:
+            return SearchResult(failure, tried[0], time.perf_counter() - t0)
+
+    def explore(data):
         case = data.draw(S.cases(**case_options), label="case")
+        key = case.source(why=False).split(",", 1)[-1]
+        if not found:                        # (shrinking may replay a case, and runs past the budget)
+            assume(key not in seen)          # a case drawn twice is judged once
+            if tried[0] >= examples:
+                return
+            seen.add(key)
+            tried[0] += 1
         failure = check_case(kernel, case, data.draw, other=other, names=names, target=target, device=device)
         if failure is not None:
             found.append(failure)
             raise AssertionError(failure.report())
 
-    if seed is not None:
-        explore = hypothesis_seed(seed)(explore)
-    t0 = time.perf_counter()
-    try:
-        explore()
-    except (AssertionError, Flaky):
-        pass   # the failure is in `found`; its last entry is the example hypothesis replayed last (the minimal)
+    # derandomized generation soon repeats itself: another seed while the budget is not spent
+    for rounds in range(4):
+        if found or tried[0] >= examples:
+            break
+        test = settings(max_examples=examples - tried[0], derandomize=seed is None and rounds == 0,
+                        database=None, deadline=None,
+                        phases=(Phase.generate, Phase.shrink) if shrink else (Phase.generate,),
+                        report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
+                        verbosity=Verbosity.quiet, print_blob=False)(given(st.data())(explore))
+        if seed is not None or rounds:
+            test = hypothesis_seed((seed or 0) + rounds)(test)
+        try:
+            test()
+        except (AssertionError, Flaky):
+            pass   # the failure is in `found`; its last entry is the example hypothesis replayed last (the minimal)
     return SearchResult(found[-1] if found else None, tried[0], time.perf_counter() - t0)

@@ -22,6 +22,7 @@ $FLASHCHECK_HYPOTHESIS_PROFILE.
 """
 import math
 import os
+import random
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, settings
@@ -41,6 +42,17 @@ BATCH_HEADS = ((1, 1), (1, 2), (2, 1), (2, 3), (3, 2), (1, 3), (3, 1), (2, 2))
 # scales besides the default 1/sqrt(D): 0 (every score equal), negative (a flipped softmax), and large
 # ones that push randn scores toward exp's overflow, the magnitude regime between randn and data="large"
 SCALES = (1.0, 0.0, -0.7, 0.125, 3.0, 8.0)
+# data="large": the typical raw score |q . k|, from the default (1e3 in fp16/bf16, 1e4 in fp32) up to the largest
+# the dtype's inputs hold (magnitude_cap): exp overflows, and one-hot rows leave no slack in the row max
+MAGNITUDES = (None, 1e6, 1e9, 1e18, 1e36)
+REPRESENTATIVE_DIMS = (64, 128, 32, 96, 16, 256)
+
+
+def magnitude_cap(dtype, D):
+    """The largest typical |q . k| whose inputs (about magnitude_cap / sqrt(D)) ** 0.5 * randn, 6 sigma out,
+    stay finite in the dtype: fp16 inputs end at 65504; fp32 and bf16 scores end near 3e38, so 1e36 leaves room
+    for the sum over D."""
+    return 1.1e8 * D ** 0.5 if dtype == "fp16" else 1e36
 
 
 @dataclass(frozen=True)
@@ -63,9 +75,11 @@ class Limits:
 # state (l, acc) kept in fp16/bf16 drifts out of tolerance: measured on fp16 in the interpreter, 64 blocks do
 # not show it, 128 to 256 do (l in fp16 needs Nk near 2048, where its ulp reaches 1). On the CPU, 256 blocks
 # of 8 keys: about 0.3 s per fused run. Those draws are fp16/bf16 where the caller allows it (fp32 does not
-# drift), unless the data is "large" (fp32 only).
+# drift), unless the data is "large" (fp32 only). Up to 32 queries, past a split-KV kernel's decode threshold
+# (16 queries in kernel/fused.py): a split walks a fraction of the keys, so 16 queries, split, do not drift (the
+# properties' power lost mutant acc_in_input_dtype that way); a causal decode is a representative case of its own.
 MANY_ODDS = 16
-MANY_QUERIES = 16
+MANY_QUERIES = 32
 CPU = Limits(dtypes=("fp32", "fp16"), blocks=(4, 8, 16, 32, 64), default_block=64, max_len=80,
              boundary_blocks=(4, 8, 16, 32, 64), max_ms=150.0, many_blocks=(256,), many_pins=(8,),
              many_ms=2000.0)
@@ -233,8 +247,81 @@ def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("
             b for b in pins if within(shape.replace(block_m=block_m, block_n=b)))))
         block_n = many_bn if many else block_n
     seed = draw(st.integers(0, 2 ** 16))
+    # large data: a magnitude up to the dtype's largest, and either sign of the default scale (a negative one
+    # makes the row max the scaled MIN of the raw scores). Drawn last, so that the draws above keep their place
+    magnitude = draw(st.sampled_from(MAGNITUDES))
+    flip = draw(st.booleans())
+    if kind == "large":
+        magnitude = None if magnitude is None else min(magnitude, magnitude_cap(dtype, D))
+        drawn_scale = -1.0 / math.sqrt(D) if flip and scale else None
+    else:
+        magnitude = None
     return Case(CASE_NAME, B=B, H=H, Nq=Nq, Nk=Nk, D=D, dtype=dtype, causal=is_causal, scale=drawn_scale,
-                layout=layout, block_m=block_m, block_n=block_n, seed=seed, data=kind)
+                layout=layout, block_m=block_m, block_n=block_n, seed=seed, data=kind, magnitude=magnitude)
+
+
+def representative(decl, dtypes, backend, caps):
+    """The cases judged before any drawn one (by verify's generated cases and by properties.search), each
+    within the declarations: two common shapes (B != H, D = 64 or the nearest declared, a few dozen keys;
+    the second causal with Nq != Nk in the bthd layout, and BLOCK_M > BLOCK_N) in the first dtype, then the shapes of three bug
+    classes: a causal decode (16 queries, 769 keys: a split-KV kernel's last split holds one key, which 15
+    rows cannot see), a few queries against hundreds of key blocks in half precision (a running state kept in
+    the input dtype drifts), the largest scores the dtype holds under a negative scale over whole key blocks
+    (a row max taken with the wrong sign, or with any slack, overflows exp), then the common shapes in the
+    second dtype. A shape the declarations cannot hold (decode under same_length) is left out."""
+    lim = limits(backend)
+    D = next((d for d in REPRESENTATIVE_DIMS if decl.head_dim_ok(d)), None)
+    if D is None:
+        D = next(d for lo, hi in decl.head_dims for d in (lo, hi) if decl.head_dim_ok(d))
+    n = _fit(decl, min(lim.max_len, 128 if backend == "gpu" else 48), 1)
+    m = _fit(decl, max(1, n - 17), 1) if not decl.same_length else n
+    causal_ok = bool(decl.causal and caps.causal)
+    pins = caps.blocks
+    rng = random.Random(0)
+
+    def case(**fields):
+        c = Case(CASE_NAME, seed=rng.randrange(1 << 16), **fields)
+        if decl.causal_same_length and c.causal and c.Nq != c.Nk:
+            c = c.replace(causal=False)
+        return c
+
+    # the causal shape with BLOCK_M > BLOCK_N, as the GPU's default tiles (128 x 64) have; the interpreter's
+    # are square, so the CPU pins that ratio where the kernel takes block pins
+    tall = dict(block_m=32, block_n=16) if pins and backend != "gpu" else {}
+
+    def common(dtype):
+        return [case(B=2, H=3, Nq=n, Nk=n, D=D, dtype=dtype),
+                case(B=1, H=2, Nq=m, Nk=n, D=D, dtype=dtype, causal=causal_ok,
+                     layout="bthd" if "bthd" in decl.layouts() else "contiguous", **tall)]
+
+    out = common(dtypes[0])
+    half = next((d for d in dtypes if d != "fp32"), dtypes[0])
+    few = not (decl.same_length or decl.causal_same_length)
+    decode_q, decode_k = _fit(decl, 16, 1), _fit(decl, 769, 1)
+    if few and decode_k >= 256 and decode_q < decode_k:
+        out.append(case(H=2, Nq=decode_q, Nk=decode_k, D=_fit_dim(decl, 32), dtype=half, causal=causal_ok))
+    # as many keys as the many-blocks draws' most: 256 blocks of 8 on the CPU, 512 of 16 on the GPU
+    many_bn = lim.many_pins[0] if lim.many_pins else lim.default_block
+    many_nk = _fit(decl, lim.many_blocks[-1] * many_bn + 1, 1) if lim.many_blocks else 0
+    if few and many_nk > 1024:
+        out.append(case(Nq=_fit(decl, MANY_QUERIES, 1), Nk=many_nk, D=_fit_dim(decl, 16), dtype=half,
+                        block_n=many_bn if pins else None))
+    big = dtypes[0]
+    Dl = _fit_dim(decl, 32)
+    nq, nk = (_fit(decl, 130, 1),) * 2 if decl.same_length else (_fit(decl, 20, 1), _fit(decl, 130, 1))
+    out.append(case(H=2, Nq=nq, Nk=nk, D=Dl, dtype=big, data="large", magnitude=magnitude_cap(big, Dl),
+                    scale=-1.0 / math.sqrt(Dl) if caps.scale else None,
+                    block_m=32 if pins else None, block_n=32 if pins else None))
+    if len(dtypes) > 1:
+        out += common(dtypes[1])
+    return out
+
+
+def _fit_dim(decl, d):
+    """d, or the declared head dim nearest to it."""
+    if decl.head_dim_ok(d):
+        return d
+    return min((x for x in range(1, 257) if decl.head_dim_ok(x)), key=lambda x: (abs(x - d), x))
 
 
 def _fit(decl, n, lo):

@@ -1,41 +1,15 @@
 """Generated cases for verify: hypothesis draws cases within everything the kernel declares (dtypes, head
-dims, lengths, causal mode, strides), after a few representative ones (B != H, D = 64 or the nearest declared,
-a few dozen keys), and judges `examples` distinct cases, whatever fails among them. Then each distinct kind of
-failure (mismatch, NaN, exception, ...) is shrunk on its own to a minimal Case(...) (MAX_KINDS of them at
-most): field by field towards the simplest case that still fails with that kind (B = H = 1, fp32, contiguous,
-no causal, default scale, fewer keys, queries and head dims), always within the declarations. A case drawn
-twice is judged once.
+dims, lengths, causal mode, strides), after a few representative ones (strategies.representative: common shapes,
+then a causal decode, many key blocks in half precision, the largest scores the dtype holds under a negative
+scale), and judges `examples` distinct cases, whatever fails among them. Then each distinct kind of failure
+(mismatch, NaN, exception, ...) is shrunk on its own to a minimal Case(...) (MAX_KINDS of them at most): field
+by field towards the simplest case that still fails with that kind (B = H = 1, fp32, contiguous, no causal,
+default scale, fewer keys, queries and head dims), always within the declarations. A case drawn twice is
+judged once.
 """
-import random
-
-from flashcheck.cases.case import Case
 
 MAX_KINDS = 5
 SHRINK_STEPS = 80          # judged cases a shrink may spend at most
-REPRESENTATIVE_DIMS = (64, 128, 32, 96, 16, 256)
-
-
-def _representative(decl, dtypes, backend, caps):
-    """A few cases a kernel of these declarations surely supports, judged first: the common shapes, where a
-    wrong answer is most telling."""
-    from flashcheck.cases.generate.strategies import _fit, limits
-
-    lim = limits(backend)
-    D = next((d for d in REPRESENTATIVE_DIMS if decl.head_dim_ok(d)), None)
-    if D is None:
-        D = next(d for lo, hi in decl.head_dims for d in (lo, hi) if decl.head_dim_ok(d))
-    n = _fit(decl, min(lim.max_len, 128 if backend == "gpu" else 48), 1)
-    m = _fit(decl, max(1, n - 17), 1) if not decl.same_length else n
-    shapes = [dict(B=2, H=3, Nq=n, Nk=n), dict(B=1, H=2, Nq=m, Nk=n)]
-    out = []
-    rng = random.Random(0)
-    for dtype in dtypes:
-        for i, shape in enumerate(shapes):
-            causal = bool(decl.causal and caps.causal and i == 1 and not (decl.causal_same_length and m != n))
-            layout = "bthd" if i == 1 and "bthd" in decl.layouts() else "contiguous"
-            out.append(Case("hypothesis_example", D=D, dtype=dtype, causal=causal, layout=layout,
-                            seed=rng.randrange(1 << 16), **shape))
-    return out[:4]
 
 
 def strategy(decl, dtypes, backend, caps):
@@ -128,7 +102,9 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
         verdict.case = verdict.case.replace(name=_example_name(prefix, verdict.case))
         record(report.Result.of(verdict.case, verdict, "hypothesis"))
 
-    for case in _representative(decl, dtypes, backend, caps)[:max(1, examples // 4)]:
+    from flashcheck.cases.generate.strategies import representative
+
+    for case in representative(decl, dtypes, backend, caps)[:max(1, examples // 4)]:
         verdict_of(case)
 
     def prop(case):
