@@ -15,6 +15,13 @@ Where SDPA differs from the protocol, the wrapper bridges the difference instead
     its cuDNN backend for scale = 0 too; flash is what SDPA picks by default. The math backend is right. This
     is a bug of PyTorch's kernels, which flashcheck's generated cases found (docs/found-bugs.md); the wrapper
     routes every scale <= 0 to the math backend, so that this example shows the rest of SDPA.
+  * Two more bugs of SDPA's kernels on the same H200, found the same way (docs/found-bugs.md, rows 7 and 8):
+    with raw scores |q . k| from about 1e8 (flash) and 1e6 (cuDNN) up (legal fp16 and bf16 inputs), flash
+    doubles the output when the winning key appears twice, and cuDNN, given a boolean attn_mask, lets masked
+    keys through (the same mask as an additive -inf mask is right). The wrapper passes its causal mask as an
+    additive float mask, and sends calls whose scaled scores can reach 1e6 (a bound: max|q| * max|k| * D *
+    |scale|, about 16 times the typical score) to the math backend, which computes fp16/bf16 in fp32 and is
+    right there; the catalogue's large-score cases (about 1e3 to 1e4) still go through SDPA's own choice.
 Everything else matches: q (B, H, Nq, D), k and v (B, H, Nk, D), any strides, scale defaulting to
 1/sqrt(D), the output in q's dtype. SDPA has no out= and no log-sum-exp, so verify reports the output
 guard as a reduced check and does not judge the log-sum-exp.
@@ -34,12 +41,24 @@ def attention(q, k, v, *, causal=False, scale=None):
     # torch calls contiguous, so .contiguous() keeps it): hand it fresh row-major copies; the protocol allows
     # any strides.
     q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
-    backends = sdpa_kernel(SDPBackend.MATH) if scale is not None and scale <= 0 else contextlib.nullcontext()
+    backends = (sdpa_kernel(SDPBackend.MATH) if (scale is not None and scale <= 0) or _huge_scores(q, k, scale)
+                else contextlib.nullcontext())
     with backends:
         if not causal:
             return F.scaled_dot_product_attention(q, k, v, scale=scale)
         Nq, Nk = q.shape[-2], k.shape[-2]
         # query i sees key j iff j <= i + (Nk - Nq): the lower triangle shifted right by Nk - Nq
         sees = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).tril(Nk - Nq)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=sees, scale=scale)
+        # an additive mask: cuDNN lets keys of a boolean mask through once scores are large (found-bugs row 8)
+        mask = torch.zeros(Nq, Nk, dtype=q.dtype, device=q.device).masked_fill(~sees, float("-inf"))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out.masked_fill(~sees.any(dim=-1, keepdim=True), 0.0)
+
+
+def _huge_scores(q, k, scale):
+    """Whether some scaled score can reach 1e6 (a bound, computed in fp32: max|q| * max|k| * D * |scale|)."""
+    if q.numel() == 0 or k.numel() == 0:
+        return False
+    D = q.shape[-1]
+    s = 1.0 / D ** 0.5 if scale is None else abs(scale)
+    return float(q.abs().amax().float()) * float(k.abs().amax().float()) * D * s >= 1e6
