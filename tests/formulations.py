@@ -61,4 +61,18 @@ def natural_log_temperature(q, k, v, *, causal=False, scale=None):
     return matmul_softmax(q, k, v, causal=causal, scale=scale * LOG2E)
 
 
-WRONG = {"last_key_dropped": last_key_dropped, "natural_log_temperature": natural_log_temperature}
+def softmax_over_queries(q, k, v, *, causal=False, scale=None):
+    """The softmax normalised over the wrong axis (the queries, not the keys), masked as the right one: the
+    issue-12 complaint was that loose half-precision tolerances let exactly this pass."""
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    Nq, Nk = q.shape[2], k.shape[2]
+    s = (q.double() @ k.double().transpose(-1, -2)) * scale
+    if causal:
+        sees = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).tril(Nk - Nq)
+        s = s.masked_fill(~sees, float("-inf"))
+    p = torch.softmax(s, dim=-2).nan_to_num(0.0)
+    return (p @ v.double()).to(q.dtype)
+
+
+WRONG = {"last_key_dropped": last_key_dropped, "natural_log_temperature": natural_log_temperature,
+         "softmax_over_queries": softmax_over_queries}

@@ -6,7 +6,7 @@ ones, over hundreds of generated cases per dtype, in every layout:
     blocked online softmax with FlashAttention's numerics (Q pre-scaled in its dtype, exp2, P rounded); the
     project's own kernels on a subset. A false alarm is a defect of the tolerance.
   * it discriminates: the share of cases too wide to judge (inconclusive) stays small in every dtype, and
-    each near-miss bug (the last key dropped, the softmax at the wrong temperature) fails on nearly every case
+    each near-miss bug (the last key dropped, the softmax at the wrong temperature or over the wrong axis) fails on every case
     where it changes the answer beyond rounding.
 The figures (largest err/tol per formulation and dtype, the inconclusive share) are printed (-s) and kept in
 the JUnit XML as properties.
@@ -29,10 +29,14 @@ EXAMPLES = {"dev": 60, "ci": 150, "thorough": 600}
 # margin under those figures.
 # On a GPU the cases are longer (up to 256 keys, and draws of 16k), so one dropped key matters on fewer of them:
 # measured on an H200 (60 cases), last key dropped 40 % (fp32), 13 % (bf16); wrong temperature 27 % (fp32).
+# The softmax over the wrong axis (the queries), on the CPU (150 cases, ci profile): 75 % (fp32), 74 % (fp16),
+# 57 % (bf16), every one caught; its GPU floors are set below the CPU's, not yet measured on a GPU.
 APPLICABLE = {"last_key_dropped": {"fp32": 0.5, "fp16": 0.4, "bf16": 0.15},
-              "natural_log_temperature": {"fp32": 0.3, "fp16": 0.2, "bf16": 0.12}}
+              "natural_log_temperature": {"fp32": 0.3, "fp16": 0.2, "bf16": 0.12},
+              "softmax_over_queries": {"fp32": 0.5, "fp16": 0.5, "bf16": 0.35}}
 APPLICABLE_GPU = {"last_key_dropped": {"fp32": 0.3, "fp16": 0.25, "bf16": 0.1},
-                  "natural_log_temperature": {"fp32": 0.2, "fp16": 0.15, "bf16": 0.12}}
+                  "natural_log_temperature": {"fp32": 0.2, "fp16": 0.15, "bf16": 0.12},
+                  "softmax_over_queries": {"fp32": 0.3, "fp16": 0.3, "bf16": 0.2}}
 DTYPES = ("fp32", "fp16", "bf16")
 
 
