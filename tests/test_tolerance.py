@@ -6,8 +6,8 @@ ones, over hundreds of generated cases per dtype, in every layout:
     blocked online softmax with FlashAttention's numerics (Q pre-scaled in its dtype, exp2, P rounded); the
     project's own kernels on a subset. A false alarm is a defect of the tolerance.
   * it discriminates: the share of cases too wide to judge (inconclusive) stays small in every dtype, and
-    each near-miss bug (the last key dropped, the softmax at the wrong temperature or over the wrong axis) fails on every case
-    where it changes the answer beyond rounding.
+    each near-miss bug (the last key dropped, the softmax at the wrong temperature or over the wrong axis)
+    fails on every case where it changes the answer beyond rounding.
 The figures (largest err/tol per formulation and dtype, the inconclusive share) are printed (-s) and kept in
 the JUnit XML as properties.
 """

@@ -38,7 +38,8 @@ def test_same_length_kernel_declared_and_undeclared(tmp_path):
     assert "Nq = 48 != Nk = 20 (--same-length)" in cases["cross_nq_gt_nk[fp32]"]["reason"]
     generated = [c for c in rep["cases"] if c["origin"] == "hypothesis"]
     # none refused (unsupported) or failed: every generated case kept Nq == Nk (inconclusive: judged, too loose)
-    assert generated and all(c["status"] in ("pass", "inconclusive") for c in generated), "generated cases keep Nq == Nk"
+    assert generated and all(c["status"] in ("pass", "inconclusive") for c in generated), \
+        "generated cases keep Nq == Nk"
     plain, rep = _json(tmp_path, f"{LIMITED}:same_length_only", "--only", SOME + ",causal_square")
     assert plain.returncode == 0, explain(plain)
     cases = _by_name(rep)

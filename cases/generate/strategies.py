@@ -262,13 +262,13 @@ def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("
 
 def representative(decl, dtypes, backend, caps):
     """The cases judged before any drawn one (by verify's generated cases and by properties.search), each
-    within the declarations: two common shapes (B != H, D = 64 or the nearest declared, a few dozen keys;
-    the second causal with Nq != Nk in the bthd layout, and BLOCK_M > BLOCK_N) in the first dtype, then the shapes of three bug
-    classes: a causal decode (16 queries, 769 keys: a split-KV kernel's last split holds one key, which 15
-    rows cannot see), a few queries against hundreds of key blocks in half precision (a running state kept in
-    the input dtype drifts), the largest scores the dtype holds under a negative scale over whole key blocks
-    (a row max taken with the wrong sign, or with any slack, overflows exp), then the common shapes in the
-    second dtype. A shape the declarations cannot hold (decode under same_length) is left out."""
+    within the declarations: two common shapes (B != H, D = 64 or the nearest declared, a few dozen keys; the
+    second causal with Nq != Nk in the bthd layout, and BLOCK_M > BLOCK_N) in the first dtype, then the shapes
+    of three bug classes: a causal decode (16 queries, 769 keys: a split-KV kernel's last split holds one key,
+    which 15 rows cannot see), a few queries against hundreds of key blocks in half precision (a running state
+    kept in the input dtype drifts), the largest scores the dtype holds under a negative scale over whole key
+    blocks (a row max taken with the wrong sign, or with any slack, overflows exp), then the common shapes in
+    the second dtype. A shape the declarations cannot hold (decode under same_length) is left out."""
     lim = limits(backend)
     D = next((d for d in REPRESENTATIVE_DIMS if decl.head_dim_ok(d)), None)
     if D is None:
