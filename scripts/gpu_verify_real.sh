@@ -4,13 +4,13 @@
 # PyTorch formulations and the project's kernels with many generated cases (a false alarm there is a defect
 # of flashcheck), the --fused memory check, --sanitize, and the SDPA backend probe. Jobs run in parallel on
 # the one GPU (JOBS at a time, each under its own time limit); every run writes its JSON under $OUT/runs, and
-# the last step prints one line per run. Usage: OUT=dir [JOBS=12] [SEEDS="0 1"] [EXAMPLES=500] bash scripts/gpu_verify_real.sh
+# the last step prints one line per run. Usage: OUT=dir [JOBS=12] [SEEDS="0 1" (SEEDS="": no stress runs)] [EXAMPLES=500] bash scripts/gpu_verify_real.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT/runs"
 # many verify runs share the machine's cores: one or two threads each, not one per core each
 export PYTHONPATH=. PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-JOBS=${JOBS:-12}; LIMIT=${LIMIT:-420}; EXAMPLES=${EXAMPLES:-500}; SEEDS=${SEEDS:-"0 1 2 3 4 5 6 7 8 9"}
+JOBS=${JOBS:-12}; LIMIT=${LIMIT:-420}; EXAMPLES=${EXAMPLES:-500}; SEEDS=${SEEDS-"0 1 2 3 4 5 6 7 8 9"}
 { nvidia-smi -L; python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"; } > "$OUT/device.txt" 2>&1
 python scripts/sdpa_probe.py > "$OUT/sdpa_probe.txt" 2>&1 &
 jobs_file=$OUT/jobs.txt; : > "$jobs_file"
