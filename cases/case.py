@@ -95,6 +95,10 @@ class Case:
                 parts.append(f"{f.name}={value!r}")
         return "Case(" + ", ".join(parts) + ")"
 
+    def key(self):
+        """This case without its name (and why): two cases with the same key are the same case, drawn twice."""
+        return self.source(why=False).split(",", 1)[-1]
+
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
 

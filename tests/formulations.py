@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from examples.plain_attention import einsum, in_dtype, matmul_softmax, sdpa_math
+from examples.plain_attention import _visible, einsum, in_dtype, matmul_softmax, sdpa_math
 
 LOG2E = 1.4426950408889634
 
@@ -65,10 +65,9 @@ def softmax_over_queries(q, k, v, *, causal=False, scale=None):
     """The softmax normalised over the wrong axis (the queries, not the keys), masked as the right one: the
     issue-12 complaint was that loose half-precision tolerances let exactly this pass."""
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    Nq, Nk = q.shape[2], k.shape[2]
     s = (q.double() @ k.double().transpose(-1, -2)) * scale
-    if causal:
-        sees = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).tril(Nk - Nq)
+    sees = _visible(q.shape[2], k.shape[2], causal, q.device)
+    if sees is not None:
         s = s.masked_fill(~sees, float("-inf"))
     p = torch.softmax(s, dim=-2).nan_to_num(0.0)
     return (p @ v.double()).to(q.dtype)

@@ -553,32 +553,32 @@ def search(kernel, examples, *, other=None, names=None, target="kernel", shrink=
     go to strategies.cases (dtypes=, causal=, max_len=, ...); the representative cases keep within them
     (representative=False: none, the drawn cases alone)."""
     from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
-    from hypothesis import seed as hypothesis_seed
     from hypothesis import strategies as st
     from hypothesis.errors import Flaky
 
+    from flashcheck.cases.backend import backend as active_backend
     from flashcheck.cases.declarations import Declarations
     from flashcheck.cases.generate import strategies as S
 
     case_options.setdefault("kernels", ("fused", "unfused") if other is not None else ("fused",))
     found, tried, seen = [], [0], set()
     t0 = time.perf_counter()
-    lim = S.limits(case_options.get("backend"), case_options.get("profile"))
+    backend = case_options.get("backend") or active_backend()
+    lim = S.limits(backend, case_options.get("profile"))
     dtypes = tuple(d for d in lim.dtypes if case_options.get("dtypes") is None or d in case_options["dtypes"])
     decl = case_options.get("decl") or Declarations()
-    backend = "gpu" if lim is not S.CPU else "cpu"
     reps = [c for c in S.representative(decl, dtypes, backend, oracle.Capabilities.of(kernel))
             if _within(c, case_options)] if dtypes and representative else []
     for case in reps[:max(1, examples // 4)]:
         tried[0] += 1
-        seen.add(case.source(why=False).split(",", 1)[-1])
+        seen.add(case.key())
         failure = check_case(kernel, case, None, other=other, names=names, target=target, device=device)
         if failure is not None:
             return SearchResult(failure, tried[0], time.perf_counter() - t0)
 
     def explore(data):
         case = data.draw(S.cases(**case_options), label="case")
-        key = case.source(why=False).split(",", 1)[-1]
+        key = case.key()
         if not found:                        # (shrinking may replay a case, and runs past the budget)
             assume(key not in seen)          # a case drawn twice is judged once
             if tried[0] >= examples:
@@ -590,19 +590,18 @@ def search(kernel, examples, *, other=None, names=None, target="kernel", shrink=
             found.append(failure)
             raise AssertionError(failure.report())
 
-    # derandomized generation soon repeats itself: another seed while the budget is not spent
-    for rounds in range(4):
-        if found or tried[0] >= examples:
-            break
-        test = settings(max_examples=examples - tried[0], derandomize=seed is None and rounds == 0,
-                        database=None, deadline=None,
+    def make(derandomize):
+        return settings(max_examples=examples - tried[0], derandomize=derandomize, database=None, deadline=None,
                         phases=(Phase.generate, Phase.shrink) if shrink else (Phase.generate,),
                         report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
                         verbosity=Verbosity.quiet, print_blob=False)(given(st.data())(explore))
-        if seed is not None or rounds:
-            test = hypothesis_seed((seed or 0) + rounds)(test)
+
+    # derandomized generation soon repeats itself: another seed while the budget is not spent
+    for round_ in S.reseeded(make, seed):
+        if found or tried[0] >= examples:
+            break
         try:
-            test()
+            round_()
         except (AssertionError, Flaky):
             pass   # the failure is in `found`; its last entry is the example hypothesis replayed last (the minimal)
     return SearchResult(found[-1] if found else None, tried[0], time.perf_counter() - t0)

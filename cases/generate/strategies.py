@@ -317,6 +317,21 @@ def representative(decl, dtypes, backend, caps):
     return out
 
 
+def reseeded(make, seed, rounds=4):
+    """Rounds of the same hypothesis test, for a caller whose budget of distinct cases may not be spent after
+    one (derandomized generation soon repeats itself): yields a function that runs the next round, so that
+    the caller can stop first. make(derandomize) builds the test when its round runs; round 0 is derandomized
+    unless a seed is given, each later round (and every round under a seed) runs under seed + round."""
+    from hypothesis import seed as seeded
+
+    def run(r):
+        test = make(seed is None and r == 0)
+        (test if seed is None and r == 0 else seeded((seed or 0) + r)(test))()
+
+    for r in range(rounds):
+        yield lambda r=r: run(r)
+
+
 def _fit_dim(decl, d):
     """d, or the declared head dim nearest to it."""
     if decl.head_dim_ok(d):

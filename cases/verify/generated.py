@@ -69,10 +69,9 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
     """Judge up to `examples` generated cases (judge(case) -> Verdict), recording each distinct case's result
     with record(Result), then a minimal failing case per kind of failure, and a summary in the_run.notes."""
     from hypothesis import HealthCheck, Phase, Verbosity, given, settings
-    from hypothesis import seed as seeded
 
     from flashcheck.cases import report
-    from flashcheck.cases.generate.strategies import limits
+    from flashcheck.cases.generate.strategies import limits, representative, reseeded
 
     caps = info["caps"]
     dtypes = tuple(d for d in limits(backend).dtypes if decl.dtypes is None or d in decl.dtypes)
@@ -87,7 +86,7 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
     shrinking = [False]
 
     def verdict_of(case):
-        key = case.source(why=False).split(",", 1)[-1]
+        key = case.key()
         if key not in seen:
             if not shrinking[0]:
                 progress.start(start + len(judged) + 1, f"generated example {len(judged) + 1}")
@@ -102,8 +101,6 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
         verdict.case = verdict.case.replace(name=_example_name(prefix, verdict.case))
         record(report.Result.of(verdict.case, verdict, "hypothesis"))
 
-    from flashcheck.cases.generate.strategies import representative
-
     for case in representative(decl, dtypes, backend, caps)[:max(1, examples // 4)]:
         verdict_of(case)
 
@@ -111,16 +108,15 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
         if len(judged) < examples:
             verdict_of(case)
 
-    for rounds in range(4):       # another seed when a search repeats itself before the budget is spent
+    def make(derandomize):
+        return settings(max_examples=examples + len(seen), deadline=None, database=None, derandomize=derandomize,
+                        suppress_health_check=list(HealthCheck), phases=(Phase.generate,),
+                        verbosity=Verbosity.quiet)(given(strategy(decl, dtypes, backend, caps))(prop))
+
+    for round_ in reseeded(make, seed):     # another seed when a search repeats itself before the budget is spent
         if len(judged) >= examples:
             break
-        test = settings(max_examples=examples + len(seen), deadline=None, database=None,
-                        derandomize=seed is None and rounds == 0, suppress_health_check=list(HealthCheck),
-                        phases=(Phase.generate,), verbosity=Verbosity.quiet)(
-            given(strategy(decl, dtypes, backend, caps))(prop))
-        if seed is not None or rounds:
-            test = seeded((seed or 0) + rounds)(test)
-        test()
+        round_()
 
     first = {}
     for verdict in judged:
