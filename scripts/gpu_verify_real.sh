@@ -4,7 +4,10 @@
 # PyTorch formulations and the project's kernels with many generated cases (a false alarm there is a defect
 # of flashcheck), the --fused memory check, --sanitize, and the SDPA backend probe. Jobs run in parallel on
 # the one GPU (JOBS at a time, each under its own time limit); every run writes its JSON under $OUT/runs, and
-# the last step prints one line per run. Usage: OUT=dir [JOBS=12] [SEEDS="0 1" (SEEDS="": no stress runs)] [EXAMPLES=500] bash scripts/gpu_verify_real.sh
+# the last step prints one line per run. RUN_JOBS=N gives each stress run `verify --jobs N` (a run of 500
+# generated cases of a Triton kernel is compile-bound: about 850 s of one core for the fused kernel on an H200).
+# Usage: OUT=dir [JOBS=12] [SEEDS="0 1" (SEEDS="": no stress runs)] [EXAMPLES=500] [RUN_JOBS=1]
+#        bash scripts/gpu_verify_real.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT/runs"
@@ -43,7 +46,7 @@ fi
 for s in $SEEDS; do
   for f in ${FORMS:-matmul_softmax einsum sdpa_math fused unfused}; do
     case $f in fused|unfused) target="flashcheck.kernel.$f:attention";; *) target="examples/plain_attention.py:$f";; esac
-    job "stress_${f}_seed$s" "$target --only one_query --examples $EXAMPLES --seed $s"
+    job "stress_${f}_seed$s" "$target --only one_query --examples $EXAMPLES --seed $s --jobs ${RUN_JOBS:-1}"
   done
 done
 run_one() {

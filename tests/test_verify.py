@@ -116,6 +116,60 @@ def test_buggy_example_hypothesis_shrinks_each_kind_to_a_cross_attention_case(bu
     assert (cases["mismatch"].Nq, cases["mismatch"].Nk, cases["mismatch"].D) == (1, 2, 1), explain(buggy)
 
 
+def test_jobs_judge_the_same_cases_with_the_same_verdicts(buggy, tmp_path):
+    """--jobs 2 (two workers at once) reports what one worker does: the same cases, catalogue and generated
+    (drawn before they are judged), with the same verdicts and kinds, in the same order, and the same shrunk
+    minimal cases."""
+    proc = verify(BUGGY, "--only", "hand_one_query_two_keys,cross_nq_gt_nk,causal_square", "--examples", "10",
+                  "--jobs", "2", "--json", str(tmp_path / "r.json"))
+    assert proc.returncode == 1, explain(proc)
+    cases = json.loads((tmp_path / "r.json").read_text())["cases"]
+    lines = buggy.stdout.splitlines()
+    table = next(i for i, ln in enumerate(lines) if ln.startswith("-----")) + 1
+    names = [ln.split()[0] for ln in lines[table:lines.index("", table)]]
+    assert [c["name"] for c in cases] == names, explain(proc)
+    for c in cases:
+        cols = row(buggy.stdout, c["name"])
+        assert cols[1] == c["status"].upper(), (c, cols)
+        if c["status"] == "fail":
+            assert cols[3] == c["kind"], (c, cols)
+
+
+def test_jobs_keep_order_and_run_heavy_cases_alone():
+    """engine.in_order, the scheduler of --jobs, on three stand-in runners: results come back in the items'
+    order whatever order they finish in, at most one item per runner at a time, a heavy item only when no
+    other item runs, and nothing more comes back once stopped() says so."""
+    import threading
+    import time
+
+    from flashcheck.cases.verify.engine import in_order
+
+    lock, running, log = threading.Lock(), set(), []
+
+    def work(runner, item):
+        with lock:
+            assert runner not in {r for r, _ in running}, "a runner serves two items at once"
+            running.add((runner, item))
+            log.append(("start", item, frozenset(i for _, i in running)))
+        time.sleep(0.02 * (item % 3))        # later items often finish first
+        with lock:
+            running.discard((runner, item))
+        return item * 10
+
+    items = list(range(12))
+    heavy = {5, 9}
+    got = list(in_order(items, ["r0", "r1", "r2"], work, heavy=lambda i: i in heavy))
+    assert got == [(i, i * 10) for i in items]
+    for _, item, together in log:
+        if item in heavy:
+            assert together == {item}, f"heavy item {item} ran alongside {set(together) - {item}}"
+    assert max(len(t) for _, _, t in log) > 1, "the stand-in runners never overlapped: nothing was parallel"
+    seen = []
+    for item, _ in in_order(items, ["r0", "r1"], work, stopped=lambda: len(seen) >= 3):
+        seen.append(item)
+    assert seen == [0, 1, 2]
+
+
 def test_repro_line_reruns_the_failure_also_in_process(buggy):
     """The repro line, pasted back (here with --no-isolate, the debugging mode), gives the same failure."""
     line = next(ln for ln in buggy.stdout.splitlines() if "repro:" in ln and "hand_one_query_two_keys[fp32]" in ln)

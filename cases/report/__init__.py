@@ -7,6 +7,7 @@ A case's status: "pass", "fail", "inconclusive" (the tolerance could not tell a 
 """
 import json
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -227,10 +228,15 @@ class Progress:
         self.tty = enabled and self.stream.isatty()
         self.failed = 0
         self.t0 = self.last = time.monotonic()
+        self.lock = threading.Lock()      # verify --jobs: cases start in several threads
 
     def start(self, n, name):
         if not self.enabled:
             return
+        with self.lock:
+            self._start(n, name)
+
+    def _start(self, n, name):
         now = time.monotonic()
         if self.tty:
             width = 30

@@ -72,6 +72,11 @@ def add_arguments(parser):
                      help="per-case limit, after which the case fails as 'timeout' (default 120 on CPU, 60 on GPU)")
     out.add_argument("--no-isolate", action="store_true",
                      help="judge in this process (for debugging: no timeout, a crash ends the run)")
+    out.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                     help="judge N cases at once, each in its own worker process (default 1). A Triton kernel "
+                          "compiles anew for most generated cases, so long runs are bound by the CPU: on a runner "
+                          "with many cores, N up to the cores speeds them up. Results keep their order; a case "
+                          "needing much of the memory runs alone")
     out.add_argument("--max-failures", type=int, metavar="N", help="stop after N failed cases")
     out.add_argument("--json", metavar="PATH", help="write the results as JSON, kept current as cases finish ('-': "
                                                     "stdout, the report then goes to stderr)")
@@ -89,7 +94,7 @@ def request(args):
                    keyword=tuple(args.keyword), exclude=tuple(args.exclude), cases=tuple(args.cases),
                    examples=args.examples, seed=args.seed, repeat=args.repeat, sanitize=args.sanitize,
                    properties=args.properties, timeout=args.timeout, isolate=not args.no_isolate,
-                   max_failures=args.max_failures,
+                   jobs=args.jobs, max_failures=args.max_failures,
                    max_memory=None if args.max_memory is None else int(args.max_memory * 2 ** 30),
                    json=args.json, junit=args.junit, html=args.html, progress=not args.quiet)
 

@@ -4,8 +4,11 @@ against the declarations, the signature and the backend), judges each one in the
 (cases/runner/worker.py), then the generated cases (cases/verify/generated.py), and keeps the report's
 files current as it goes.
 """
+import collections
 import os
+import queue
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from flashcheck.cases.declarations import DeclarationError, Declarations
@@ -46,6 +49,7 @@ class Request:
     properties: bool = True
     timeout: float = None
     isolate: bool = True
+    jobs: int = 1                            # cases judged at once, each worker in its own process (--jobs)
     max_failures: int = None
     max_memory: int = None                   # bytes of device memory a case may need (--max-memory)
     json: str = None
@@ -75,6 +79,14 @@ def _check(req, backend):
         raise UsageError(f"--examples must be >= 0, got {req.examples}")
     if req.repeat < 1:
         raise UsageError(f"--repeat must be >= 1, got {req.repeat}")
+    if req.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {req.jobs}")
+    if req.jobs > 1 and not req.isolate:
+        raise UsageError("--jobs judges cases in several worker processes: not with --no-isolate")
+    if req.jobs > 1 and _spec(req.target) is None:
+        raise UsageError("jobs > 1 needs a kernel that worker processes can import (MODULE:FUNCTION, a .py path, "
+                         "or a function defined at the top level of an importable module), not "
+                         f"{_name(req.target)}")
     if req.max_failures is not None and req.max_failures < 1:
         raise UsageError(f"--max-failures must be >= 1, got {req.max_failures}")
     if req.timeout is not None and req.timeout <= 0:
@@ -205,6 +217,82 @@ def _runner(req, backend):
     return Worker(timeout), spec
 
 
+def _open(runners, spec):
+    """Open every runner on spec (at once: each imports the kernel and, on the GPU, starts its own CUDA
+    context); returns the first one's target info. The first error raised is raised."""
+    if len(runners) == 1:
+        return runners[0].open(spec)
+    with ThreadPoolExecutor(len(runners)) as pool:
+        infos = list(pool.map(lambda r: r.open(spec), runners))
+    return infos[0]
+
+
+def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: False):
+    """(item, work(runner, item)) for each item, in the items' order, until stopped() says so.
+
+    With one runner, one item after the other. With several (--jobs), up to one item per runner at once, each
+    runner serving one item at a time; an item heavy(item) says is too large to share the machine with
+    others (a case that needs much of the device's or host's memory) waits until the items before it are done
+    and runs alone."""
+    if len(runners) == 1:
+        for item in items:
+            if stopped():
+                return
+            yield item, work(runners[0], item)
+        return
+    free = queue.SimpleQueue()
+    for r in runners:
+        free.put(r)
+
+    def task(item):
+        runner = free.get()
+        try:
+            return work(runner, item)
+        finally:
+            free.put(runner)
+
+    pending = collections.deque()       # (item, future), oldest first
+    pool = ThreadPoolExecutor(len(runners), thread_name_prefix="flashcheck-job")
+    try:
+        for item in items:
+            if stopped():
+                return
+            if heavy(item):
+                while pending:
+                    done, future = pending.popleft()
+                    yield done, future.result()
+                if stopped():
+                    return
+                yield item, work(runners[0], item)      # every runner is idle now
+                continue
+            pending.append((item, pool.submit(task, item)))
+            while pending and (pending[0][1].done() or len(pending) > 2 * len(runners)):
+                done, future = pending.popleft()
+                yield done, future.result()
+                if stopped():
+                    return
+        while pending and not stopped():
+            done, future = pending.popleft()
+            yield done, future.result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _heavy(info, jobs):
+    """heavy(case) for in_order: the case needs more than a 2 * jobs-th share of the free device or host memory
+    (judged alone, it gets what a run without --jobs would give it)."""
+    from flashcheck.cases.inputs import footprint
+
+    device, host = info.get("device_free"), info.get("host_free")
+
+    def heavy(case):
+        if jobs == 1 or case is None:
+            return False
+        need_device, need_host = footprint(case)
+        return bool((device and need_device * 2 * jobs > device) or (host and need_host * 2 * jobs > host))
+    return heavy
+
+
 def judge(runner, case, settings, fn=JUDGE):
     """The Verdict of fn(kernel, case, settings) through the runner (by default: judge the case); a hang or a
     death is a failure of that case."""
@@ -260,10 +348,13 @@ def run(req, on_result=None):
     examples = req.examples
     if examples is None:
         examples = 0 if (req.only or req.keyword or req.cases) else DEFAULT_EXAMPLES
-    runner, spec = _runner(req, backend)
+    made = [_runner(req, backend) for _ in range(req.jobs)]
+    runners, spec = [r for r, _ in made], made[0][1]
+    runner = runners[0]
     files = Files(req.json, req.junit, req.html)
+    interrupted = None
     try:
-        info = runner.open(spec)
+        info = _open(runners, spec)
         decl = _declarations(info, req.declarations)
         if decl.head_dims and not any(decl.head_dim_ok(d) for d in range(1, 257)):
             from flashcheck.cases.declarations import ranges_text
@@ -296,29 +387,44 @@ def run(req, on_result=None):
                 on_result(result)
             if req.max_failures and the_run.count("fail") >= req.max_failures:
                 the_run.stopped = f"--max-failures {req.max_failures} reached"
-        n = 0
+        heavy = _heavy(info, req.jobs)
+
+        def work(runner, item):
+            n, (case, origin, reason, group) = item
+            if reason:
+                return report.Result(case, "skip", reason=reason, skip_group=group, origin=origin)
+            progress.start(n, case.name)
+            return report.Result.of(case, judge(runner, case, settings), origin)
+
+        numbered, n = [], 0           # (the case's number in the progress line, planned entry)
+        for entry in planned:
+            n += not entry[2]
+            numbered.append((n, entry))
         try:
-            for case, origin, reason, group in planned:
-                if the_run.stopped:
-                    break
-                if reason:
-                    record(report.Result(case, "skip", reason=reason, skip_group=group, origin=origin))
-                    continue
-                n += 1
-                progress.start(n, case.name)
-                record(report.Result.of(case, judge(runner, case, settings), origin))
+            for _, result in in_order(numbered, runners, work, lambda item: not item[1][2] and heavy(item[1][0]),
+                                      lambda: the_run.stopped):
+                record(result)
             if decl.fused and not the_run.stopped:
                 record(_memory(runner, decl, settings, backend))
             if examples and not the_run.stopped:
                 from flashcheck.cases.verify import generated
 
+                def judge_many(cases, first):
+                    def one(runner, item):
+                        i, case = item
+                        progress.start(first + i, f"generated example {i}")
+                        return judge(runner, case, settings)
+                    return (v for _, v in in_order(enumerate(cases, 1), runners, one, lambda item: heavy(item[1])))
+
                 generated.run(examples, req.seed, decl, info, backend, lambda c: judge(runner, c, settings),
-                              the_run, record, progress, n)
+                              the_run, record, progress, n, judge_many)
         except KeyboardInterrupt:
-            the_run.stopped = "interrupted"
+            the_run.stopped = interrupted = "interrupted"
         progress.close()
     finally:
-        runner.close()
+        for r in runners:
+            # after an interrupt, jobs may still run on the other runners: those are killed, not asked to stop
+            (getattr(r, "kill", r.close) if interrupted and len(runners) > 1 else r.close)()
     the_run.seconds = time.perf_counter() - t0
     files.finish(the_run, partial=bool(the_run.stopped == "interrupted"))
     return the_run

@@ -65,9 +65,13 @@ def shrink(case, kind, verdict_of, decl, dtypes, steps=SHRINK_STEPS):
     return best
 
 
-def run(examples, seed, decl, info, backend, judge, the_run, record, progress, start):
+def run(examples, seed, decl, info, backend, judge, the_run, record, progress, start, judge_many=None):
     """Judge up to `examples` generated cases (judge(case) -> Verdict), recording each distinct case's result
-    with record(Result), then a minimal failing case per kind of failure, and a summary in the_run.notes."""
+    with record(Result), then a minimal failing case per kind of failure, and a summary in the_run.notes.
+
+    The cases are drawn first and judged after: judge_many(cases, start) yields their verdicts in order (verify
+    --jobs judges several at once); without it, one after the other with judge. Drawing never depends on a
+    verdict, so the cases are the same either way."""
     from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
     from flashcheck.cases import report
@@ -81,49 +85,54 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
         the_run.notes.append(f"hypothesis: no examples: the declared dtypes ({', '.join(decl.dtypes)}) cannot be "
                              f"judged on this backend ({backend}) for this kernel")
         return
-    seen = {}            # case source (without its name) -> Verdict: a case drawn twice is judged once
-    judged = []          # distinct generated cases, in order
-    shrinking = [False]
+    drawn = {}           # case source (without its name) -> case: a case drawn twice is judged once
+    for case in representative(decl, dtypes, backend, caps)[:max(1, examples // 4)]:
+        drawn.setdefault(case.key(), case)
 
-    def verdict_of(case):
-        key = case.key()
-        if key not in seen:
-            if not shrinking[0]:
-                progress.start(start + len(judged) + 1, f"generated example {len(judged) + 1}")
-            seen[key] = verdict = judge(case)
-            if not shrinking[0]:
-                judged.append(verdict)
-                if not verdict.failed:      # recorded now: a run cut short still shows how far it got
-                    _record(verdict, f"hypothesis_{len(judged)}")
-        return seen[key]
+    def prop(case):
+        if len(drawn) < examples:
+            drawn.setdefault(case.key(), case)
+
+    def make(derandomize):
+        return settings(max_examples=examples + len(drawn), deadline=None, database=None, derandomize=derandomize,
+                        suppress_health_check=list(HealthCheck), phases=(Phase.generate,),
+                        verbosity=Verbosity.quiet)(given(strategy(decl, dtypes, backend, caps))(prop))
+
+    for round_ in reseeded(make, seed):     # another seed when a search repeats itself before the budget is spent
+        if len(drawn) >= examples:
+            break
+        round_()
+
+    def one_by_one(cases, first):
+        for i, case in enumerate(cases, 1):
+            progress.start(first + i, f"generated example {i}")
+            yield judge(case)
+
+    seen = {}            # case key -> Verdict
+    judged = []          # distinct generated cases, in order
 
     def _record(verdict, prefix):
         verdict.case = verdict.case.replace(name=_example_name(prefix, verdict.case))
         record(report.Result.of(verdict.case, verdict, "hypothesis"))
 
-    for case in representative(decl, dtypes, backend, caps)[:max(1, examples // 4)]:
-        verdict_of(case)
+    cases = list(drawn.values())
+    for case, verdict in zip(cases, (judge_many or one_by_one)(cases, start)):
+        seen[case.key()] = verdict
+        judged.append(verdict)
+        if not verdict.failed:      # recorded now: a run cut short still shows how far it got
+            _record(verdict, f"hypothesis_{len(judged)}")
 
-    def prop(case):
-        if len(judged) < examples:
-            verdict_of(case)
-
-    def make(derandomize):
-        return settings(max_examples=examples + len(seen), deadline=None, database=None, derandomize=derandomize,
-                        suppress_health_check=list(HealthCheck), phases=(Phase.generate,),
-                        verbosity=Verbosity.quiet)(given(strategy(decl, dtypes, backend, caps))(prop))
-
-    for round_ in reseeded(make, seed):     # another seed when a search repeats itself before the budget is spent
-        if len(judged) >= examples:
-            break
-        round_()
+    def verdict_of(case):           # the shrinking's judge: a case met before is not judged again
+        key = case.key()
+        if key not in seen:
+            seen[key] = judge(case)
+        return seen[key]
 
     first = {}
     for verdict in judged:
         if verdict.failed:
             first.setdefault(str(verdict.kind), verdict)
     kinds = {}
-    shrinking[0] = True
     for kind, verdict in list(first.items())[:MAX_KINDS]:
         progress.start(start + len(judged), f"shrinking a {kind} failure")
         kinds[kind] = verdict_of(shrink(verdict.case, kind, verdict_of, decl, dtypes))
