@@ -122,8 +122,13 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     program that folds only keys [split * keys_per_split, (split + 1) * keys_per_split) and writes its partial
     state (Out: fp32 (B*H, splits, Nq, HEAD_DIM) output normalised by its own l; Lse: fp32 (B*H, splits, Nq)
     log2-domain log-sum-exp) for _attn_combine."""
-    start_m = tl.program_id(0) * BLOCK_M
-    off_bh = tl.program_id(1)
+    # One grid axis for (batch x head, query block), the query block varying fastest (the programs of one head
+    # run together and share its K and V in L2): CUDA caps grid axes 1 and 2 at 65,535, so B*H on axis 1
+    # failed to launch from B*H = 65,536 on (a decode batch of 1,024 sequences of 64 heads).
+    # guards: mutant query_block_from_wrong_axis; test test_fused_kernel_many_batch_heads (GPU)
+    m_blocks = tl.cdiv(Nq, BLOCK_M)
+    start_m = (tl.program_id(0) % m_blocks) * BLOCK_M
+    off_bh = tl.program_id(0) // m_blocks
     off_b = off_bh // H
     off_h = off_bh % H
     # Batch/head offsets in int64: B*H*N*D passes 2^31 elements long before one head does.
@@ -223,8 +228,9 @@ def _attn_combine(Opart, Lpart, Out, Lse,
     """Merge the splits' partial states of _attn_fwd(SPLIT=True) into the output, in the same online way as
     the key loop: a running max of the splits' log-sum-exps, each split's output weighted by
     exp2(lse_split - max)."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    off_bh = tl.program_id(1)
+    m_blocks = tl.cdiv(Nq, BLOCK_M)         # one grid axis, as in _attn_fwd
+    offs_m = (tl.program_id(0) % m_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    off_bh = tl.program_id(0) // m_blocks
     off_b = off_bh // H
     off_h = off_bh % H
     offs_d = tl.arange(0, BLOCK_D)
@@ -366,7 +372,7 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
             l_dst = torch.empty((B * H, splits, Nq), dtype=torch.float32, device=q.device)
         else:
             o_dst, l_dst = out, lse
-        grid = (triton.cdiv(Nq, bm), B * H, splits)
+        grid = (triton.cdiv(Nq, bm) * B * H, 1, splits)
         # every tensor passes its own strides. guards: mutants v_strides_from_k, out_strides_from_q
         _attn_fwd[grid](
             q, k, v, o_dst, l_dst, scale * LOG2E,
@@ -385,7 +391,7 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
             enable_fp_fusion=False)
         if splits > 1:
             cm = 16
-            _attn_combine[(triton.cdiv(Nq, cm), B * H)](
+            _attn_combine[(triton.cdiv(Nq, cm) * B * H,)](
                 o_dst, l_dst, out, lse, *out.stride(), *lse.stride(), H, Nq, splits,
                 BLOCK_M=cm, BLOCK_D=head_dim_block(D), HEAD_DIM=D, STORE_LSE=return_lse, num_warps=4)
     return (out, lse) if return_lse else out

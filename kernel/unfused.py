@@ -22,6 +22,7 @@ import triton.language as tl
 from flashcheck.kernel._protocol import check_attention_inputs, interpreter_active
 
 MAX_ROW = 16384  # the softmax keeps a whole row of scores in one register tile
+MAX_GRID_AXIS = 65535   # CUDA's cap on grid axes 1 and 2, where the scores and P.V grids put B*H
 
 
 @triton.jit
@@ -115,6 +116,10 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
     if Nk > MAX_ROW:
         raise NotImplementedError(f"Nk = {Nk} exceeds the unfused softmax's one-tile row limit {MAX_ROW}; "
                          "use flashcheck.kernel.fused (online softmax) for long rows")
+    if B * H > MAX_GRID_AXIS:
+        # its grids put B*H on axis 1 or 2, which CUDA caps (the fused kernel folds it into axis 0)
+        raise NotImplementedError(f"B*H = {B * H} exceeds the unfused baseline's grid limit of {MAX_GRID_AXIS}; "
+                                  "use flashcheck.kernel.fused")
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)

@@ -42,6 +42,27 @@ def test_hand_value_is_exactly_7_5(device):
         assert attention(q, k, v).item() == 7.5
 
 
+@pytest.mark.gpu
+def test_fused_kernel_many_batch_heads():
+    """B*H = 65,537 (a decode batch of 1,024 sequences of 64 heads is 65,536): past CUDA's cap of 65,535 on grid
+    axes 1 and 2, where the fused kernel used to put B*H, so the launch failed. The unfused baseline refuses it
+    as unsupported. Not a catalogue case: most published Triton kernels use that grid, and it needs the GPU."""
+    from flashcheck.cases.case import Case
+
+    case = Case("many_batch_heads", B=65537, H=1, Nq=5, Nk=21, D=16, dtype="fp16", causal=True, seed=3)
+    verdict = judge_case(fused.attention, case, Settings(target="kernel.fused:attention",
+                                                         decl=Declarations.of(fused.attention), properties=False))
+    assert verdict.passed, verdict.report()
+
+
+def test_unfused_baseline_refuses_more_batch_heads_than_its_grid_holds():
+    import torch
+
+    q = torch.zeros(65536, 1, 1, 16)
+    with pytest.raises(NotImplementedError, match="grid limit of 65535"):
+        unfused.attention(q, q, q)
+
+
 def test_catalogue_covers_the_issue_checklist():
     """The cases the foundation issue requires are all present (a deleted case fails here)."""
     by = {c.name: c for c in catalogue.instances()}

@@ -558,9 +558,10 @@ MUTANTS = [
            "wrongly",
            _STRIDES, ("layout_d_major",)),
     Mutant("query_block_from_wrong_axis", "fused",
-           "start_m = tl.program_id(0) * BLOCK_M", "start_m = tl.program_id(1) * BLOCK_M",
-           "the query block index read from the (batch, head) grid axis: every program of a head computes "
-           "the same rows and the others stay unwritten (invisible when B = H = 1 with one query block)",
+           "start_m = (tl.program_id(0) % m_blocks) * BLOCK_M", "start_m = (tl.program_id(0) // m_blocks) * BLOCK_M",
+           "the query block index decoded as the (batch, head) index from the one grid axis: every program of "
+           "a head computes the same rows, and the others stay unwritten or are written past the queries "
+           "(invisible when B = H = 1 with one query block)",
            _OTHER + " (wrong program-id axis)", ("batch_heads", "partial_last_query_block")),
     # --- the unfused baseline ----------------------------------------------------------------------
     Mutant("unfused_kv_mask_plus", "unfused",
