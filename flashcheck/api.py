@@ -149,8 +149,8 @@ def verify(fn, **options):
     seq_multiple, min_seq, max_seq, strides, fp32_scores, fused: as flashcheck.declare takes them; they
     override the kernel's own) and the options of a run: only, keyword, exclude, cases, examples, seed, repeat,
     sanitize, properties, timeout, isolate, jobs (cases judged at once, each in its own worker process; needs
-    an importable kernel), max_failures, max_memory (bytes), json, junit, html, progress (default False here). As on the command line, examples defaults to 25 with the whole catalogue and to 0
-    with only/keyword/cases.
+    an importable kernel), max_failures, max_memory (bytes), json, junit, html, progress (default False here).
+    As on the command line, examples defaults to 25 with the whole catalogue and to 0 with only/keyword/cases.
 
     Raises UsageError (TargetError for the kernel) when the request cannot run; a run interrupted by Ctrl-C
     returns the partial report (its summary says "stopped early: interrupted").
