@@ -55,10 +55,10 @@ def test_fused_kernel_many_batch_heads():
     assert verdict.passed, verdict.report()
 
 
-def test_unfused_baseline_refuses_more_batch_heads_than_its_grid_holds():
+def test_unfused_baseline_refuses_more_batch_heads_than_its_grid_holds(device):
     import torch
 
-    q = torch.zeros(65536, 1, 1, 16)
+    q = torch.zeros(65536, 1, 1, 16, device=device)
     with pytest.raises(NotImplementedError, match="grid limit of 65535"):
         unfused.attention(q, q, q)
 
