@@ -163,10 +163,11 @@ def test_killed_run_leaves_valid_partial_files(tmp_path):
     (["--repeat", "0"], "--repeat must be >= 1"),
     (["--jobs", "0"], "--jobs must be >= 1"),
     (["--jobs", "2", "--no-isolate"], "not with --no-isolate"),
+    (["--jobs", "many"], "expected a number or 'auto'"),
     (["--sanitize"], "needs the GPU backend"),
     (["not_a_protocol_kernel.py:f"], "does not exist"),
 ], ids=["gpu_without_gpu", "head_dims_300", "align_without_causal", "seq_multiple_0", "repeat_0", "jobs_0",
-        "jobs_in_process", "sanitize_cpu",
+        "jobs_in_process", "jobs_word", "sanitize_cpu",
         "missing"])
 def test_more_usage_errors_exit_2(args, words, backend):
     if backend == "gpu" and args[:2] in (["--backend", "gpu"], ["--sanitize"]):

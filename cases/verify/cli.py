@@ -72,11 +72,11 @@ def add_arguments(parser):
                      help="per-case limit, after which the case fails as 'timeout' (default 120 on CPU, 60 on GPU)")
     out.add_argument("--no-isolate", action="store_true",
                      help="judge in this process (for debugging: no timeout, a crash ends the run)")
-    out.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
-                     help="judge N cases at once, each in its own worker process (default 1). A Triton kernel "
-                          "compiles anew for most generated cases, so long runs are bound by the CPU: on a runner "
-                          "with many cores, N up to the cores speeds them up. Results keep their order; a case "
-                          "needing much of the memory runs alone")
+    out.add_argument("--jobs", "-j", type=_jobs, default=1, metavar="N",
+                     help="judge N cases at once, each in its own worker process (default 1; 'auto': one per "
+                          f"core, at most {MAX_AUTO_JOBS}, as each worker holds its own CUDA context). A Triton "
+                          "kernel compiles anew for most generated cases, so long runs are bound by the CPU. "
+                          "Results keep their order; a case needing much of the memory runs alone")
     out.add_argument("--max-failures", type=int, metavar="N", help="stop after N failed cases")
     out.add_argument("--json", metavar="PATH", help="write the results as JSON, kept current as cases finish ('-': "
                                                     "stdout, the report then goes to stderr)")
@@ -86,6 +86,22 @@ def add_arguments(parser):
                                                     "pip install 'flashcheck[plot]')")
     out.add_argument("-q", "--quiet", action="store_true",
                      help="print only the failures and the summary line, no table and no progress")
+
+
+MAX_AUTO_JOBS = 16
+
+
+def _jobs(text):
+    """--jobs N, or 'auto': the cores this process may run on, at most MAX_AUTO_JOBS."""
+    if text == "auto":
+        import os
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return max(1, min(cores, MAX_AUTO_JOBS))
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
 
 
 def request(args):
