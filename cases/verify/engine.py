@@ -1,8 +1,8 @@
 """The engine behind every door to verify: the `flashcheck verify` command, flashcheck.verify() in Python, and
 the pytest plugin. It plans the cases (the catalogue expanded into the declared dtypes, each case checked
 against the declarations, the signature and the backend), judges each one in the runner's worker
-(cases/runner/worker.py), then the generated cases (cases/verify/generated.py), and keeps the report's
-files current as it goes.
+(cases/runner/worker.py; with --jobs N, N cases at once in N workers, results in the plan's order), then the
+generated cases (cases/verify/generated.py), and keeps the report's files current as it goes.
 """
 import collections
 import os
