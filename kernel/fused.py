@@ -124,8 +124,8 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     log2-domain log-sum-exp) for _attn_combine."""
     # One grid axis for (batch x head, query block), the query block varying fastest (the programs of one head
     # run together and share its K and V in L2): CUDA caps grid axes 1 and 2 at 65,535, so B*H on axis 1
-    # failed to launch from B*H = 65,536 on (a decode batch of 1,024 sequences of 64 heads).
-    # guards: mutant query_block_from_wrong_axis; test test_fused_kernel_many_batch_heads (GPU)
+    # failed to launch from B*H = 65,536 on (a decode batch of 1,024 sequences of 64 heads; the GPU test
+    # tests/test_catalogue.py::test_fused_kernel_many_batch_heads). guards: mutant query_block_from_wrong_axis
     m_blocks = tl.cdiv(Nq, BLOCK_M)
     start_m = (tl.program_id(0) % m_blocks) * BLOCK_M
     off_bh = tl.program_id(0) // m_blocks
