@@ -253,29 +253,31 @@ def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: Fal
 
     pending = collections.deque()       # (item, future), oldest first
     pool = ThreadPoolExecutor(len(runners), thread_name_prefix="flashcheck-job")
+    ended = False
     try:
         for item in items:
             if stopped():
-                return
+                break
             if heavy(item):
-                while pending:
+                while pending and not stopped():
                     done, future = pending.popleft()
                     yield done, future.result()
                 if stopped():
-                    return
+                    break
                 yield item, work(runners[0], item)      # every runner is idle now
                 continue
             pending.append((item, pool.submit(task, item)))
-            while pending and (pending[0][1].done() or len(pending) > 2 * len(runners)):
+            while pending and not stopped() and (pending[0][1].done() or len(pending) > 2 * len(runners)):
                 done, future = pending.popleft()
                 yield done, future.result()
-                if stopped():
-                    return
         while pending and not stopped():
             done, future = pending.popleft()
             yield done, future.result()
+        ended = True
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        # done or stopped: the cases still running finish before the caller closes their runners (their results
+        # are dropped); an interrupt, or a caller that drops the generator, does not wait (the caller kills them)
+        pool.shutdown(wait=ended, cancel_futures=True)
 
 
 def _heavy(info, jobs):
