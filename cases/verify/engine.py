@@ -287,9 +287,7 @@ def _heavy(info, jobs):
 
     device, host = info.get("device_free"), info.get("host_free")
 
-    def heavy(case):
-        if jobs == 1 or case is None:
-            return False
+    def heavy(case):         # asked by in_order only when it has several runners
         need_device, need_host = footprint(case)
         return bool((device and need_device * 2 * jobs > device) or (host and need_host * 2 * jobs > host))
     return heavy
