@@ -324,7 +324,9 @@ class Runtime:
                                                           self.precision_of(shape))
         if blocks:
             bm, bn = blocks
-        return f"{bm}x{bn} w{warps} s{stages}" + (" tf32x3" if self.precision_of(shape) == "tf32x3" else "")
+        tma = getattr(self.fused, "descriptors_available", lambda dtype: False)(self.dtypes[shape.dtype])
+        return (f"{bm}x{bn} w{warps} s{stages}" + (" tf32x3" if self.precision_of(shape) == "tf32x3" else "")
+                + (" tma" if tma else ""))
 
     def measure(self, fn):
         """(Cell, output of a trial call). The trial call compiles, and shows failures before the timer runs."""

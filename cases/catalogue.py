@@ -181,6 +181,20 @@ CATALOGUE = [
     Case("split_kv_decode_causal", why="split_kv_decode, causal: the last split's one key is seen by the last "
          "query only, so 15 rows have an empty split (lse -inf): its partial output must be 0, not 0/0",
          H=2, Nq=16, Nk=769, D=32, causal=True, seed=66),
+    # Half precision in the layouts Hopper kernels read through tensor descriptors (TMA): 16-byte rows.
+    Case("half_descriptor_layout",
+         why="fp16/bf16, B != H, Nq < Nk, D = 24 (48-byte rows, head dim padded to 32): what a kernel loading K/V "
+             "through tensor descriptors (TMA) gets wrong: the descriptor's row count (Nq for Nk), its width (the "
+             "padded head dim reads the next row) or the (batch, head) coordinates",
+         B=2, H=3, Nq=20, Nk=53, D=24, dtype="half", seed=67),
+    Case("half_descriptor_nq_gt_nk",
+         why="fp16/bf16 with Nq > Nk and 16-byte rows: a K/V descriptor sized by Nq reads past each head's keys "
+             "(the last head's into memory it does not own)",
+         H=2, Nq=48, Nk=20, D=32, dtype="half", seed=68),
+    Case("half_unaligned_rows",
+         why="fp16/bf16 rows of D + 3 elements (38 bytes): tensor descriptors need 16-byte strides, so a TMA kernel "
+             "must take another path here (or refuse), never fail or read misaligned rows",
+         B=2, H=3, Nq=19, Nk=23, D=16, layout="gapped", dtype="half", seed=69),
 ]
 
 BY_NAME = {c.name: c for c in CATALOGUE}

@@ -9,6 +9,10 @@ The story, as the founding note tells it (docs/design.md, "The seed's requiremen
   * after the loop it divides by l once and stores.
 The N x N score matrix never exists in memory: HBM traffic is Q, K, V and the output.
 
+On Hopper and later, fp16/bf16 K and V in 16-byte-aligned layouts load through tensor descriptors (TMA), which
+zero-fill rows past Nk and columns past D; every other input takes the pointer path with explicit load masks
+(tma_eligible). The score mask, the online softmax and everything after the loads are the same on both paths.
+
 Two lengths, never one N: Nq (query rows: grid, row mask, store) and Nk (keys: loop count, K/V load mask,
 score mask). Every comment "guards:" names the catalogue case (cases/catalogue.py) or the mutant of the
 bug corpus (cases/corpus/mutants.py) that proves the line is needed.
@@ -22,15 +26,20 @@ import triton.language as tl
 
 from flashcheck.kernel._protocol import check_attention_inputs, check_launch, interpreter_active
 
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # triton < 3.4: K and V always load through pointers
+    TensorDescriptor = None
+
 LOG2E = 1.4426950408889634  # exp(x) == exp2(x * log2(e)); exp2 is the cheaper instruction
 
 
 @triton.jit
-def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, off_b, off_h,
                     qk_scale, start_m, lo, hi, Nk, causal_shift,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                    NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+                    NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
     """Fold key blocks [lo, hi) into the running state (m_i, l_i, acc).
 
     MASKED=False is the fast path for blocks every row of this program fully sees: no key mask, no causal
@@ -47,7 +56,13 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         # The two conditions are combined with &, not +: a sum of booleans is an OR and reads out of bounds.
         # guards: mutants kv_other_neg_inf, kv_mask_plus, kv_mask_off_by_one, kv_mask_nq, unmasked_tail_block,
         # inner_lo_not_applied; cases partial_last_key_block, head_dim_17
-        if MASKED:
+        if USE_TMA:
+            # Tensor descriptors (TMA): the hardware zero-fills rows past Nk and columns past HEAD_DIM, so no
+            # block needs a load mask (the score mask below still applies). guards: mutants
+            # tma_coords_batch_head_swapped, tma_desc_rows_nq; cases half_descriptor_layout, half_descriptor_nq_gt_nk
+            k = desc_k.load([off_b, off_h, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+            v = desc_v.load([off_b, off_h, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        elif MASKED:
             kv_mask = ((start_n + offs_n)[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM)
             k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
             v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
@@ -114,10 +129,11 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
               stride_vz, stride_vh, stride_vn, stride_vk,
               stride_oz, stride_oh, stride_om, stride_ok,
               stride_lz, stride_lh, stride_lm,
-              H, Nq, Nk, keys_per_split,
+              H, Nq, Nk, keys_per_split, DescK, DescV,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
-              NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT: tl.constexpr):
+              NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
+              USE_TMA: tl.constexpr):
     """One (query block, batch x head) program; with SPLIT, one (query block, batch x head, key split)
     program that folds only keys [split * keys_per_split, (split + 1) * keys_per_split) and writes its partial
     state (Out: fp32 (B*H, splits, Nq, HEAD_DIM) output normalised by its own l; Lse: fp32 (B*H, splits, Nq)
@@ -180,14 +196,14 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         masked_lo, masked_hi = tl.maximum(full_hi, split_lo), tl.minimum(hi, split_hi)
     else:
         fast_lo, fast_hi, masked_lo, masked_hi = 0, full_hi, full_hi, hi
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, DescK, DescV, off_b, off_h,
                                     qk_scale, start_m, fast_lo, fast_hi, Nk, causal_shift,
                                     BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, False, IS_CAUSAL, NEGATIVE_SCALE,
-                                    INPUT_PRECISION)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                                    INPUT_PRECISION, USE_TMA)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, DescK, DescV, off_b, off_h,
                                     qk_scale, start_m, masked_lo, masked_hi, Nk, causal_shift,
                                     BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, True, IS_CAUSAL, NEGATIVE_SCALE,
-                                    INPUT_PRECISION)
+                                    INPUT_PRECISION, USE_TMA)
     if SPLIT:
         # The partial state of this split: its output normalised by its own l (l = 0 when no row key fell in
         # it: divide by 1, not 0, or 0/0 = NaN reaches the combine, where a zero weight times NaN is still
@@ -294,16 +310,23 @@ def split_plan(B, H, Nq, Nk, block_m, block_n, device):
     return triton.cdiv(Nk, keys_per_split), keys_per_split
 
 
-def default_blocks(Nq, Nk, D, dtype, precision="ieee"):
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a problem, by rule (the caller may override blocks)."""
+def default_blocks(Nq, Nk, D, dtype, precision="ieee", tma=None):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a problem, by rule (the caller may override blocks).
+    tma: whether K and V load through tensor descriptors (None: as contiguous inputs would, here)."""
     block_d = head_dim_block(D)
+    if tma is None:
+        tma = not interpreter_active() and descriptors_available(dtype)
     if interpreter_active():
         # The interpreter runs one program at a time in NumPy: fewer, larger programs are faster.
         return 64, 64, 4, 1
     if Nq <= SPLIT_MAX_QUERIES and dtype != torch.float32:
         # decode-like: one block of 16 rows (tl.dot's minimum) instead of 128 mostly empty ones. H200, bf16,
-        # D = 128, B*H = 32, Nq = 1, Nk = 32k, split: 16 x 64, 4 warps, 3 stages 3.6 TFLOP/s (16 x 128: 3.5)
-        return (16, 64, 4, 3) if block_d <= 128 else (16, 32, 4, 2)
+        # D = 128, B*H = 32, Nq = 1, Nk = 32k, split: 16 x 64, 4 warps, 3 stages 3.6 TFLOP/s (16 x 128: 3.5).
+        # With tensor descriptors, 16 x 128, 4 stages (kernel / SDPA-flash in one run, Nk = 32k: B*H = 128,
+        # Nq = 1 and 16: 1.04, 16 x 64, 3 stages 0.99; B*H = 32, Nk = 16k: 0.71 against 0.66)
+        if block_d > 128:
+            return 16, 32, 4, 2
+        return (16, 128, 4, 4) if tma else (16, 64, 4, 3)
     if dtype == torch.float32 and precision == "tf32x3":
         # three tf32 tensor-core products per multiply. H200, N = 4k, TFLOP/s (SDPA-efficient fp32 in the
         # same run: 35.7 at D = 64, 45.8 at D = 128): D = 64: 128 x 64, 8 warps, 3 stages 53.1 (64 x 64, 4
@@ -320,8 +343,14 @@ def default_blocks(Nq, Nk, D, dtype, precision="ieee"):
         # spill-free tiles ran 6.0-8.7 (64 x 16, 4 warps: 8.7; 128 x 16, 8 warps: 8.1); 64 x 64 spills
         # 16 KB a thread and ran 1.0.
         return (64, 64, 4, 1) if block_d <= 64 else (32, 32, 4, 2)
+    if block_d == 128 and tma:
+        # H200, fp16, kernel / SDPA-cuDNN in one run, medians over N = 4k and 16k: 128 x 128, 8 warps, 3 stages
+        # 0.84 (not causal) and 0.91 (causal); 128 x 64 0.77 and 0.85 (pointer loads: 0.75 and 0.79); 4 stages
+        # need 289 KB of shared memory (the H200 has 227 KB); 256 x 64, 16 warps 0.75
+        return 128, 128, 8, 3
     if block_d <= 128:
         # H200, bf16, N = 4k: D = 64 443 TFLOP/s (64 x 64, 4 warps: 407); D = 128 489 (64 x 64: 483).
+        # D = 64 with tensor descriptors: 0.90 of SDPA-cuDNN (128 x 128: 0.82; 256 x 64, 16 warps: 0.82)
         return 128, 64, 8, 3
     return 64, 32, 4, 2
 
@@ -334,6 +363,29 @@ def head_dim_block(D):
 
 
 PRECISIONS = ("ieee", "tf32x3")
+
+
+def descriptors_available(dtype, device=None):
+    """Whether fp16/bf16 K and V may load through tensor descriptors here: Triton has them (>= 3.4) and the GPU
+    has TMA (compute capability >= 9: Hopper and later), or Triton's interpreter emulates them (the CPU runs
+    this path too). fp32 keeps the pointer path: its dots are not what tensor-descriptor loads speed up."""
+    if TensorDescriptor is None or dtype == torch.float32:
+        return False
+    return interpreter_active() or torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def tma_eligible(t):
+    """Whether K or V is read through a tensor descriptor: descriptors_available, and the layout a 4-D
+    descriptor of shape (B, H, N, D) accepts: a unit stride along D, the base address and every other stride a
+    multiple of 16 bytes. Its blocks are (BLOCK_N, BLOCK_D) at (batch, head, key, 0): rows past Nk and columns
+    past D read as 0 within each (batch, head), whatever the layout, as the pointer path's load mask does.
+    Other layouts (layout_gapped's odd row stride, layout_d_major, an unaligned base) take the pointer path.
+    guards: mutant tma_no_alignment_check; case half_unaligned_rows"""
+    if not descriptors_available(t.dtype, t.device):
+        return False
+    size = t.element_size()
+    return (t.stride(3) == 1 and t.data_ptr() % 16 == 0
+            and all((st * size) % 16 == 0 for st in t.stride()[:3]))
 
 
 def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, block_m=None, block_n=None,
@@ -362,7 +414,8 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
     if B * H * Nq > 0:
-        bm, bn, warps, stages = default_blocks(Nq, Nk, D, q.dtype, precision)
+        use_tma = tma_eligible(k) and tma_eligible(v)
+        bm, bn, warps, stages = default_blocks(Nq, Nk, D, q.dtype, precision, use_tma)
         bm, bn = block_m or bm, block_n or bn
         num_warps, num_stages = num_warps or warps, num_stages or stages
         splits, keys_per_split = split_plan(B, H, Nq, Nk, bm, bn, q.device)
@@ -373,13 +426,19 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
         else:
             o_dst, l_dst = out, lse
         grid = (triton.cdiv(Nq, bm) * B * H, 1, splits)
+        desc_k = desc_v = None
+        if use_tma:
+            # K and V as (B, H, Nk, D) in their own strides: blocks never cross into another head.
+            # guards: mutants tma_desc_rows_nq, tma_desc_padded_head_dim; case half_descriptor_layout
+            desc_k, desc_v = (TensorDescriptor(t, [B, H, Nk, D], list(t.stride()), [1, 1, bn, head_dim_block(D)])
+                              for t in (k, v))
         # every tensor passes its own strides. guards: mutants v_strides_from_k, out_strides_from_q
         _attn_fwd[grid](
             q, k, v, o_dst, l_dst, scale * LOG2E,
             *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
-            H, Nq, Nk, keys_per_split,
+            H, Nq, Nk, keys_per_split, desc_k, desc_v,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=head_dim_block(D), HEAD_DIM=D, SPLIT=splits > 1,
-            IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0,
+            IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0, USE_TMA=use_tma,
             # fp32 products as precision says (attention_tf32x3 is the verify entry of "tf32x3").
             # guards: mutants fp32_tf32_dot, tf32x3_single_pass (GPU); case fp32_precision
             INPUT_PRECISION=precision if q.dtype == torch.float32 else "ieee",

@@ -270,6 +270,7 @@ _SEED_CAUSAL = "seed: First iteration (a fully masked row needs a guard) + docs/
 _CAUSAL_ALIGN = "docs/design.md: attention protocol (causal is aligned bottom-right, as in FlashAttention)"
 _STRIDES = "seed: Not covered here (multiple heads and batches: extra index*stride terms)"
 _OTHER = "other: realistic slip in this kernel's structure"
+_TMA = "issue 13: tensor-descriptor loads"
 # The loop function sees only Nk; the mutants that give one of Nk's roles to Nq first pass Nq in too.
 _PASS_NQ = (("start_m, lo, hi, Nk, causal_shift,", "start_m, lo, hi, Nk, Nq, causal_shift,"),
             ("start_m, fast_lo, fast_hi, Nk, causal_shift,", "start_m, fast_lo, fast_hi, Nk, Nq, causal_shift,"),
@@ -331,7 +332,7 @@ MUTANTS = [
            _OTHER + " (masked/unmasked loop split)", ("partial_last_key_block", "many_key_chunks")),
     # --- cross-attention: Nq and Nk keep their roles -------------------------------------------------
     Mutant("one_length_nq", "fused",
-           "H, Nq, Nk, keys_per_split,\n            BLOCK_M=bm", "H, Nq, Nq, keys_per_split,\n            BLOCK_M=bm",
+           "H, Nq, Nk, keys_per_split, desc_k, desc_v,", "H, Nq, Nq, keys_per_split, desc_k, desc_v,",
            "one length N = Nq for queries and keys: 1 query vs keys [1, 1] and values [5, 10] gives 5, not "
            "7.5, and Nq > Nk reads keys past the end",
            _SEED_CROSS, ("hand_one_query_two_keys", "cross_nq_lt_nk", "cross_nq_gt_nk")),
@@ -599,6 +600,30 @@ MUTANTS = [
                    "*rows.stride(), Nq, BLOCK=triton.next_power_of_2(Nq))"),
                   ("*s.stride(), *v.stride(), *out.stride(), H, Nq, Nk,",
                    "*s.stride(), *v.stride(), *out.stride(), H, Nq, Nq,"))),
+    # --- tensor descriptors (TMA) for K and V: fp16/bf16 in aligned layouts --------------------------
+    Mutant("tma_no_alignment_check", "fused",
+           "return (t.stride(3) == 1 and t.data_ptr() % 16 == 0\n"
+           "            and all((st * size) % 16 == 0 for st in t.stride()[:3]))",
+           "return t.stride(3) == 1",
+           "tensor descriptors used whenever D has unit stride: a layout whose row stride is not a multiple of "
+           "16 bytes (D + 3 elements) makes the descriptor fail on legal input instead of taking the pointer path",
+           _TMA + " (TMA needs 16-byte strides)", ("half_unaligned_rows",)),
+    Mutant("tma_desc_rows_nq", "fused",
+           "TensorDescriptor(t, [B, H, Nk, D]", "TensorDescriptor(t, [B, H, Nq, D]",
+           "the K/V descriptors declare Nq rows: with Nq < Nk the keys past Nq load as 0 (and score 0, not -inf); "
+           "with Nq > Nk rows past Nk are read from the next head or the guard band",
+           _TMA + " (one length for both)", ("half_descriptor_layout", "half_descriptor_nq_gt_nk")),
+    Mutant("tma_desc_padded_head_dim", "fused",
+           "TensorDescriptor(t, [B, H, Nk, D]", "TensorDescriptor(t, [B, H, Nk, head_dim_block(D)]",
+           "the K/V descriptors declare the padded head dim: the padded columns are read from the next row (and "
+           "past the last row, from memory the tensor does not own) instead of as 0",
+           _TMA + " (the padded head dim)", ("half_descriptor_layout",)),
+    Mutant("tma_coords_batch_head_swapped", "fused",
+           "k = desc_k.load([off_b, off_h, start_n, 0])", "k = desc_k.load([off_h, off_b, start_n, 0])",
+           "batch and head coordinates swapped in the K/V descriptor loads: another head's keys are read, or "
+           "zeros past B",
+           _TMA + " (coordinates)", ("half_descriptor_layout",),
+           edits=(("v = desc_v.load([off_b, off_h, start_n, 0])", "v = desc_v.load([off_h, off_b, start_n, 0])"),)),
     Mutant("unfused_scores_unwritten", "unfused",
            "triton.cdiv(Nk, bn), B * H)]", "Nk // bn, B * H)]",
            "the scores grid's key axis rounds down: the partial last key tile is never written and the "
