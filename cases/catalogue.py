@@ -62,6 +62,10 @@ CATALOGUE = [
          why="scores grow along the keys, so the running max changes in every chunk: a wrong or missing "
              "rescale of l or acc cannot hide",
          Nq=16, Nk=130, D=16, block_m=16, block_n=16, data="randn", seed=11, scale=3.0),
+    Case("many_key_chunks_growing_max_d128",
+         why="many_key_chunks_growing_max at D = 128: a kernel that works on the head dim in parts (two halves of "
+             "64 columns, each with its own accumulator) must rescale every part",
+         Nq=16, Nk=130, D=128, block_m=16, block_n=16, data="randn", seed=70, scale=0.5),
     Case("one_key", why="one key: the output is exactly that key's value row", Nq=9, Nk=1, D=8,
          expected="v_row0", seed=12),
     Case("one_query", why="one query row against many keys", Nq=1, Nk=50, D=32, seed=13),

@@ -35,12 +35,42 @@ LOG2E = 1.4426950408889634  # exp(x) == exp2(x * log2(e)); exp2 is the cheaper i
 
 
 @triton.jit
-def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc_k, desc_v, off_b, off_h,
-                    qk_scale, start_m, lo, hi, Nk, causal_shift,
+def _load_kv(ptrs, desc, off_b, off_h, start_n, Nk, COL: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr):
+    """One block of K or V: key rows [start_n, start_n + BLOCK_N) and head-dim columns [COL, COL + BLOCK_D), whose
+    first column ptrs points at (or through the tensor descriptor desc)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = COL + tl.arange(0, BLOCK_D)
+    # K/V rows beyond Nk load as 0, never -inf: a -inf in K makes the dot NaN through 0 * inf.
+    # The two conditions are combined with &, not +: a sum of booleans is an OR and reads out of bounds.
+    # guards: mutants kv_other_neg_inf, kv_mask_plus, kv_mask_off_by_one, kv_mask_nq, unmasked_tail_block,
+    # inner_lo_not_applied; cases partial_last_key_block, head_dim_17
+    if USE_TMA:
+        # Tensor descriptors (TMA): the hardware zero-fills rows past Nk and columns past HEAD_DIM, so no
+        # block needs a load mask (the score mask still applies). guards: mutants
+        # tma_coords_batch_head_swapped, tma_desc_rows_nq; cases half_descriptor_layout, half_descriptor_nq_gt_nk
+        x = desc.load([off_b, off_h, start_n, COL]).reshape(BLOCK_N, BLOCK_D)
+    elif MASKED:
+        kv_mask = ((start_n + offs_n)[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM)
+        x = tl.load(ptrs, mask=kv_mask, other=0.0)
+    elif COL + BLOCK_D <= HEAD_DIM:
+        x = tl.load(ptrs)  # a whole block of keys, no padded columns: nothing to mask
+    else:
+        # padded head-dim columns: COL shifts the mask to this block's columns. guards: mutant
+        # d_split_column_mask_unshifted; case head_dim_111
+        x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return x
+
+
+@triton.jit
+def _attn_fwd_inner(acc, acc1, l_i, m_i, q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, stride_vk,
+                    desc_k, desc_v, off_b, off_h, qk_scale, start_m, lo, hi, Nk, causal_shift,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                    NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
-    """Fold key blocks [lo, hi) into the running state (m_i, l_i, acc).
+                    NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+                    D_SPLIT: tl.constexpr):
+    """Fold key blocks [lo, hi) into the running state (m_i, l_i, acc; with D_SPLIT, acc1 holds the output's
+    second half of head-dim columns and q1 the queries' second half).
 
     MASKED=False is the fast path for blocks every row of this program fully sees: no key mask, no causal
     mask. MASKED=True handles the rest: the partial last key block and the blocks that cross the causal
@@ -48,34 +78,21 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc
     """
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
     k_ptrs += lo * stride_kn
     v_ptrs += lo * stride_vn
     for start_n in range(lo, hi, BLOCK_N):
-        # K/V rows beyond Nk load as 0, never -inf: a -inf in K makes the dot NaN through 0 * inf.
-        # The two conditions are combined with &, not +: a sum of booleans is an OR and reads out of bounds.
-        # guards: mutants kv_other_neg_inf, kv_mask_plus, kv_mask_off_by_one, kv_mask_nq, unmasked_tail_block,
-        # inner_lo_not_applied; cases partial_last_key_block, head_dim_17
-        if USE_TMA:
-            # Tensor descriptors (TMA): the hardware zero-fills rows past Nk and columns past HEAD_DIM, so no
-            # block needs a load mask (the score mask below still applies). guards: mutants
-            # tma_coords_batch_head_swapped, tma_desc_rows_nq; cases half_descriptor_layout, half_descriptor_nq_gt_nk
-            k = desc_k.load([off_b, off_h, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-            v = desc_v.load([off_b, off_h, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-        elif MASKED:
-            kv_mask = ((start_n + offs_n)[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM)
-            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-        elif BLOCK_D == HEAD_DIM:
-            k = tl.load(k_ptrs)  # a whole block of keys, no padded columns: nothing to mask
-            v = tl.load(v_ptrs)
-        else:
-            k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        k = _load_kv(k_ptrs, desc_k, off_b, off_h, start_n, Nk, 0, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
+        v = _load_kv(v_ptrs, desc_v, off_b, off_h, start_n, Nk, 0, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
         # S = Q K^T, accumulated in fp32 and scaled in fp32 (qk_scale = scale * log2(e): the loop works in
         # base 2). fp32 operands need input_precision="ieee": the default tf32 keeps 10 mantissa bits (~1e-3
         # relative error). guards: mutants fp32_tf32_dot, scale_twice, scale_never, exp_instead_of_exp2
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        if D_SPLIT:
+            # S = Q_0 K_0^T + Q_1 K_1^T over the two halves of the head dim. guards: mutant
+            # d_split_second_half_same_columns; cases fp32_precision, head_dim_111
+            k1 = _load_kv(k_ptrs + BLOCK_D * stride_kk, desc_k, off_b, off_h, start_n, Nk, BLOCK_D, BLOCK_N,
+                          BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
+            qk = tl.dot(q1, tl.trans(k1), qk, input_precision=INPUT_PRECISION)
         if MASKED:
             qk = qk * qk_scale
             # The score mask varies along the KEY axis ([None, :] on S); the K/V load mask has the wrong
@@ -115,11 +132,17 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, desc
         l_i = l_i * c + tl.sum(p, 1)
         acc = acc * c[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
+        if D_SPLIT:
+            # the second half of the output is rescaled like the first. guards: mutant
+            # d_split_second_half_not_rescaled; case fp32_precision
+            v1 = _load_kv(v_ptrs + BLOCK_D * stride_vk, desc_v, off_b, off_h, start_n, Nk, BLOCK_D, BLOCK_N,
+                          BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
+            acc1 = tl.dot(p.to(v1.dtype), v1, acc1 * c[:, None], input_precision=INPUT_PRECISION)
         m_i = m_new  # guards: mutant m_never_updated
         # each pointer advances by its own tensor's row stride. guards: mutant kv_advance_wrong_stride
         k_ptrs += BLOCK_N * stride_kn
         v_ptrs += BLOCK_N * stride_vn
-    return acc, l_i, m_i
+    return acc, acc1, l_i, m_i
 
 
 @triton.jit
@@ -133,11 +156,14 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
               NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
-              USE_TMA: tl.constexpr):
+              USE_TMA: tl.constexpr, D_SPLIT: tl.constexpr):
     """One (query block, batch x head) program; with SPLIT, one (query block, batch x head, key split)
     program that folds only keys [split * keys_per_split, (split + 1) * keys_per_split) and writes its partial
     state (Out: fp32 (B*H, splits, Nq, HEAD_DIM) output normalised by its own l; Lse: fp32 (B*H, splits, Nq)
-    log2-domain log-sum-exp) for _attn_combine."""
+    log2-domain log-sum-exp) for _attn_combine.
+    With D_SPLIT, BLOCK_D is half the padded head dim and the program works on the two halves of columns
+    separately (q and q1, acc and acc1): see default_blocks for why fp32 at D = 128 does."""
+    tl.static_assert(not (SPLIT and D_SPLIT), "split-KV and a split head dim are not combined")
     # One grid axis for (batch x head, query block), the query block varying fastest (the programs of one head
     # run together and share its K and V in L2): CUDA caps grid axes 1 and 2 at 65,535, so B*H on axis 1
     # failed to launch from B*H = 65,536 on (a decode batch of 1,024 sequences of 64 heads; the GPU test
@@ -169,6 +195,14 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if D_SPLIT:
+        # the second half of the head dim (columns BLOCK_D .. 2 * BLOCK_D), masked past HEAD_DIM like the first
+        q1 = tl.load(q_base + offs_m[:, None] * stride_qm + (BLOCK_D + offs_d)[None, :] * stride_qk,
+                     mask=(offs_m[:, None] < Nq) & ((BLOCK_D + offs_d)[None, :] < HEAD_DIM), other=0.0)
+        acc1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    else:
+        q1 = q
+        acc1 = acc
 
     k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
     v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vk
@@ -196,14 +230,16 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         masked_lo, masked_hi = tl.maximum(full_hi, split_lo), tl.minimum(hi, split_hi)
     else:
         fast_lo, fast_hi, masked_lo, masked_hi = 0, full_hi, full_hi, hi
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, DescK, DescV, off_b, off_h,
-                                    qk_scale, start_m, fast_lo, fast_hi, Nk, causal_shift,
-                                    BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, False, IS_CAUSAL, NEGATIVE_SCALE,
-                                    INPUT_PRECISION, USE_TMA)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, DescK, DescV, off_b, off_h,
-                                    qk_scale, start_m, masked_lo, masked_hi, Nk, causal_shift,
-                                    BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, True, IS_CAUSAL, NEGATIVE_SCALE,
-                                    INPUT_PRECISION, USE_TMA)
+    acc, acc1, l_i, m_i = _attn_fwd_inner(acc, acc1, l_i, m_i, q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                                          stride_kk, stride_vk, DescK, DescV, off_b, off_h,
+                                          qk_scale, start_m, fast_lo, fast_hi, Nk, causal_shift,
+                                          BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, False, IS_CAUSAL, NEGATIVE_SCALE,
+                                          INPUT_PRECISION, USE_TMA, D_SPLIT)
+    acc, acc1, l_i, m_i = _attn_fwd_inner(acc, acc1, l_i, m_i, q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                                          stride_kk, stride_vk, DescK, DescV, off_b, off_h,
+                                          qk_scale, start_m, masked_lo, masked_hi, Nk, causal_shift,
+                                          BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, True, IS_CAUSAL, NEGATIVE_SCALE,
+                                          INPUT_PRECISION, USE_TMA, D_SPLIT)
     if SPLIT:
         # The partial state of this split: its output normalised by its own l (l = 0 when no row key fell in
         # it: divide by 1, not 0, or 0/0 = NaN reaches the combine, where a zero weight times NaN is still
@@ -226,6 +262,10 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     o_mask = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_DIM)
     tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_ok,
              out.to(Out.dtype.element_ty), mask=o_mask)
+    if D_SPLIT:
+        tl.store(o_base + offs_m[:, None] * stride_om + (BLOCK_D + offs_d)[None, :] * stride_ok,
+                 (acc1 / l_safe[:, None]).to(Out.dtype.element_ty),
+                 mask=(offs_m[:, None] < Nq) & ((BLOCK_D + offs_d)[None, :] < HEAD_DIM))
     if STORE_LSE:
         # lse = ln(sum_j exp(s_j)) = (m + log2 l) * ln 2 in the log2 domain the loop worked in.
         # A row that saw no key has lse = -inf (log2 of l_safe keeps log2(0) out of the computation).
@@ -333,16 +373,22 @@ def default_blocks(Nq, Nk, D, dtype, precision="ieee", tma=None):
         # warps: 39.6); D = 128: 128 x 32, 8 warps, 3 stages 40.3 (64 x 32, 4 warps, 2 stages: 25.6; 128 x 64
         # needs 320 KB of shared memory, the H200 has 227 KB; 128 x 32 takes 224 KB). D = 256: 32 x 32, 2 stages,
         # 136 KB (the 64 x 32, 2-stage tile asked for 256 KB and failed head_dim_256 on the H200).
+        # D = 128 splits the head dim in two halves (head_dim_split): 128 x 64, 8 warps, 2 stages 1.29 of
+        # SPDA-efficient (128 x 32, 3 stages: 1.07; 64 x 64, 4 warps: 0.86; 128 x 64, 3 stages needs 288 KB).
         if block_d <= 64:
             return 128, 64, 8, 3
-        return (128, 32, 8, 3) if block_d <= 128 else (32, 32, 4, 2)
+        return (128, 64, 8, 2) if block_d <= 128 else (32, 32, 4, 2)
     if dtype == torch.float32:
         # ieee fp32 dots run on CUDA cores (FFMA) and hold 2x the registers of fp16 tiles. H200, N = 4k,
         # triton 3.6 (scripts/resources.py gives the stack): D = 64: 64 x 64, 4 warps 19.6 TFLOP/s with 1 KB
         # of spills; the spill-free 64 x 16 ran 10.8. D = 128: 32 x 32, 2 stages 9.0 (1 KB of spills); the
         # spill-free tiles ran 6.0-8.7 (64 x 16, 4 warps: 8.7; 128 x 16, 8 warps: 8.1); 64 x 64 spills
-        # 16 KB a thread and ran 1.0.
-        return (64, 64, 4, 1) if block_d <= 64 else (32, 32, 4, 2)
+        # 16 KB a thread and ran 1.0. With the head dim split in halves (head_dim_split), kernel /
+        # SDPA-efficient in one run: 32 x 64, 4 warps, 2 stages 0.27 (64 x 64, 8 warps: 0.27; 128 x 32: 0.25;
+        # 64 x 64, 4 warps: 0.19); the whole-D 32 x 32 tile 0.20.
+        if block_d <= 64:
+            return 64, 64, 4, 1
+        return (32, 64, 4, 2) if block_d <= 128 else (32, 32, 4, 2)
     if block_d == 128 and tma:
         # H200, fp16, kernel / SDPA-cuDNN in one run, medians over N = 4k and 16k: 128 x 128, 8 warps, 3 stages
         # 0.84 (not causal) and 0.91 (causal); 128 x 64 0.77 and 0.85 (pointer loads: 0.75 and 0.79); 4 stages
@@ -360,6 +406,14 @@ def head_dim_block(D):
     contraction on the GPU: D = 2 rounded to 2 does not compile). Hard-coding 16 would truncate D > 16.
     guards: mutants head_dim_block_no_floor (GPU), head_dim_block_fixed_16; cases head_dim_2, head_dim_17"""
     return max(triton.next_power_of_2(D), 16)
+
+
+def head_dim_split(D, dtype):
+    """Whether the kernel works on the head dim in two halves (D_SPLIT): fp32 with a padded head dim of 128.
+    S = Q_0 K_0^T + Q_1 K_1^T and O = (P V_0, P V_1) are the same sums in another order; each dot holds half the
+    operand registers and shared memory, which fp32 tiles run out of at D = 128 (default_blocks has the
+    figures). fp16/bf16 dots at D = 128 fit whole and run faster whole."""
+    return dtype == torch.float32 and head_dim_block(D) == 128
 
 
 PRECISIONS = ("ieee", "tf32x3")
@@ -418,7 +472,9 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
         bm, bn, warps, stages = default_blocks(Nq, Nk, D, q.dtype, precision, use_tma)
         bm, bn = block_m or bm, block_n or bn
         num_warps, num_stages = num_warps or warps, num_stages or stages
-        splits, keys_per_split = split_plan(B, H, Nq, Nk, bm, bn, q.device)
+        d_split = head_dim_split(D, q.dtype)
+        # a split head dim is not combined with split-KV (fp32 decode, rare, runs unsplit)
+        splits, keys_per_split = (1, Nk) if d_split else split_plan(B, H, Nq, Nk, bm, bn, q.device)
         if splits > 1:
             # the partial states of the splits (every one written by its program, see _attn_fwd)
             o_dst = torch.empty((B * H, splits, Nq, D), dtype=torch.float32, device=q.device)
@@ -437,7 +493,8 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
             q, k, v, o_dst, l_dst, scale * LOG2E,
             *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
             H, Nq, Nk, keys_per_split, desc_k, desc_v,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=head_dim_block(D), HEAD_DIM=D, SPLIT=splits > 1,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=head_dim_block(D) // (2 if d_split else 1), HEAD_DIM=D,
+            SPLIT=splits > 1, D_SPLIT=d_split,
             IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0, USE_TMA=use_tma,
             # fp32 products as precision says (attention_tf32x3 is the verify entry of "tf32x3").
             # guards: mutants fp32_tf32_dot, tf32x3_single_pass (GPU); case fp32_precision

@@ -271,6 +271,7 @@ _CAUSAL_ALIGN = "docs/design.md: attention protocol (causal is aligned bottom-ri
 _STRIDES = "seed: Not covered here (multiple heads and batches: extra index*stride terms)"
 _OTHER = "other: realistic slip in this kernel's structure"
 _TMA = "issue 13: tensor-descriptor loads"
+_D_SPLIT = "issue 13: fp32 D = 128 in two halves of the head dim"
 # The loop function sees only Nk; the mutants that give one of Nk's roles to Nq first pass Nq in too.
 _PASS_NQ = (("start_m, lo, hi, Nk, causal_shift,", "start_m, lo, hi, Nk, Nq, causal_shift,"),
             ("start_m, fast_lo, fast_hi, Nk, causal_shift,", "start_m, fast_lo, fast_hi, Nk, Nq, causal_shift,"),
@@ -280,16 +281,12 @@ _PASS_NQ = (("start_m, lo, hi, Nk, causal_shift,", "start_m, lo, hi, Nk, Nq, cau
 MUTANTS = [
     # --- masks and sentinels -------------------------------------------------------------------------
     Mutant("kv_other_neg_inf", "fused",
-           "k = tl.load(k_ptrs, mask=kv_mask, other=0.0)\n            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)",
-           'k = tl.load(k_ptrs, mask=kv_mask, other=float("-inf"))\n'
-           '            v = tl.load(v_ptrs, mask=kv_mask, other=float("-inf"))',
+           "x = tl.load(ptrs, mask=kv_mask, other=0.0)", 'x = tl.load(ptrs, mask=kv_mask, other=float("-inf"))',
            "K/V load masked lanes as -inf: padded head-dim columns make every score NaN through 0 * inf in "
            "the dot, and padded key rows of V make P.V NaN through 0 * -inf",
            _SEED_MASKS, ("partial_last_key_block", "head_dim_17", "nk_lt_block_n"),
-           edits=(("k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)",
-                   'k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=float("-inf"))'),
-                  ("v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)",
-                   'v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=float("-inf"))'))),
+           edits=(("x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)",
+                   'x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=float("-inf"))'),)),
     Mutant("kv_mask_plus", "fused",
            "kv_mask = ((start_n + offs_n)[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM)",
            "kv_mask = ((start_n + offs_n)[:, None] < Nk) + (offs_d[None, :] < HEAD_DIM)",
@@ -619,11 +616,25 @@ MUTANTS = [
            "past the last row, from memory the tensor does not own) instead of as 0",
            _TMA + " (the padded head dim)", ("half_descriptor_layout",)),
     Mutant("tma_coords_batch_head_swapped", "fused",
-           "k = desc_k.load([off_b, off_h, start_n, 0])", "k = desc_k.load([off_h, off_b, start_n, 0])",
+           "x = desc.load([off_b, off_h, start_n, COL])", "x = desc.load([off_h, off_b, start_n, COL])",
            "batch and head coordinates swapped in the K/V descriptor loads: another head's keys are read, or "
            "zeros past B",
-           _TMA + " (coordinates)", ("half_descriptor_layout",),
-           edits=(("v = desc_v.load([off_b, off_h, start_n, 0])", "v = desc_v.load([off_h, off_b, start_n, 0])"),)),
+           _TMA + " (coordinates)", ("half_descriptor_layout",)),
+    # --- fp32 at D = 128: the head dim in two halves (head_dim_split) ----------------------------------
+    Mutant("d_split_second_half_same_columns", "fused",
+           "k1 = _load_kv(k_ptrs + BLOCK_D * stride_kk,", "k1 = _load_kv(k_ptrs,",
+           "the second half of the head dim reads K's first half again: S = Q_0 K_0^T + Q_1 K_0^T",
+           _D_SPLIT, ("fp32_precision", "head_dim_111")),
+    Mutant("d_split_second_half_not_rescaled", "fused",
+           "acc1 = tl.dot(p.to(v1.dtype), v1, acc1 * c[:, None],", "acc1 = tl.dot(p.to(v1.dtype), v1, acc1,",
+           "the output's second half is not rescaled when the running max grows (the first half is): old key "
+           "blocks are over-weighted in columns 64..127 only",
+           _D_SPLIT, ("many_key_chunks_growing_max_d128",)),
+    Mutant("d_split_column_mask_unshifted", "fused",
+           "offs_d = COL + tl.arange(0, BLOCK_D)", "offs_d = tl.arange(0, BLOCK_D)",
+           "the head-dim mask of the second half ignores its column offset: columns past D (111..127) are read, "
+           "from the next row and, past the last row, from memory the tensor does not own",
+           _D_SPLIT, ("head_dim_111",)),
     Mutant("unfused_scores_unwritten", "unfused",
            "triton.cdiv(Nk, bn), B * H)]", "Nk // bn, B * H)]",
            "the scores grid's key axis rounds down: the partial last key tile is never written and the "
