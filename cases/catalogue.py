@@ -195,6 +195,11 @@ CATALOGUE = [
          why="fp16/bf16 with Nq > Nk and 16-byte rows: a K/V descriptor sized by Nq reads past each head's keys "
              "(the last head's into memory it does not own)",
          H=2, Nq=48, Nk=20, D=32, dtype="half", seed=68),
+    Case("block_override_decode_d128",
+         why="decode at D = 128 with a pinned BLOCK_M of 64: a tile override must still launch, whatever pipeline "
+             "depth the kernel's default tile was tuned with (on an H200 the fused kernel's 4-stage decode "
+             "default asked 273 KB of shared memory at 64 x 128; found by a generated case)",
+         H=2, Nq=1, Nk=300, D=128, dtype="half", block_m=64, seed=71),
     Case("half_unaligned_rows",
          why="fp16/bf16 rows of D + 3 elements (38 bytes): tensor descriptors need 16-byte strides, so a TMA kernel "
              "must take another path here (or refuse), never fail or read misaligned rows",

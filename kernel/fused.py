@@ -31,15 +31,17 @@ try:
 except ImportError:  # triton < 3.4: K and V always load through pointers
     TensorDescriptor = None
 
+from triton.runtime.errors import OutOfResources
+
 LOG2E = 1.4426950408889634  # exp(x) == exp2(x * log2(e)); exp2 is the cheaper instruction
+_STAGES_THAT_FIT = {}       # launch configuration -> the num_stages that compiled within shared memory
 
 
 @triton.jit
-def _load_kv(ptrs, desc, off_b, off_h, start_n, Nk, COL: tl.constexpr, BLOCK_N: tl.constexpr,
+def _load_kv(ptrs, desc, off_b, off_h, start_n, kv_rows, COL: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr):
-    """One block of K or V: key rows [start_n, start_n + BLOCK_N) and head-dim columns [COL, COL + BLOCK_D), whose
-    first column ptrs points at (or through the tensor descriptor desc)."""
-    offs_n = tl.arange(0, BLOCK_N)
+    """One block of K or V: key rows [start_n, start_n + BLOCK_N) (kv_rows: which are < Nk) and head-dim
+    columns [COL, COL + BLOCK_D), whose first column ptrs points at (or through the tensor descriptor desc)."""
     offs_d = COL + tl.arange(0, BLOCK_D)
     # K/V rows beyond Nk load as 0, never -inf: a -inf in K makes the dot NaN through 0 * inf.
     # The two conditions are combined with &, not +: a sum of booleans is an OR and reads out of bounds.
@@ -51,7 +53,7 @@ def _load_kv(ptrs, desc, off_b, off_h, start_n, Nk, COL: tl.constexpr, BLOCK_N: 
         # tma_coords_batch_head_swapped, tma_desc_rows_nq; cases half_descriptor_layout, half_descriptor_nq_gt_nk
         x = desc.load([off_b, off_h, start_n, COL]).reshape(BLOCK_N, BLOCK_D)
     elif MASKED:
-        kv_mask = ((start_n + offs_n)[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM)
+        kv_mask = kv_rows & (offs_d[None, :] < HEAD_DIM)
         x = tl.load(ptrs, mask=kv_mask, other=0.0)
     elif COL + BLOCK_D <= HEAD_DIM:
         x = tl.load(ptrs)  # a whole block of keys, no padded columns: nothing to mask
@@ -81,16 +83,18 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, q, q1, k_ptrs, v_ptrs, stride_kn, strid
     k_ptrs += lo * stride_kn
     v_ptrs += lo * stride_vn
     for start_n in range(lo, hi, BLOCK_N):
-        k = _load_kv(k_ptrs, desc_k, off_b, off_h, start_n, Nk, 0, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
-        v = _load_kv(v_ptrs, desc_v, off_b, off_h, start_n, Nk, 0, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
+        kv_rows = (start_n + offs_n)[:, None] < Nk   # the key rows that exist (the load masks' rows)
+        k = _load_kv(k_ptrs, desc_k, off_b, off_h, start_n, kv_rows, 0, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
+        v = _load_kv(v_ptrs, desc_v, off_b, off_h, start_n, kv_rows, 0, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
         # S = Q K^T, accumulated in fp32 and scaled in fp32 (qk_scale = scale * log2(e): the loop works in
         # base 2). fp32 operands need input_precision="ieee": the default tf32 keeps 10 mantissa bits (~1e-3
-        # relative error). guards: mutants fp32_tf32_dot, scale_twice, scale_never, exp_instead_of_exp2
+        # relative error). guards: mutants fp32_tf32_dot, scale_twice, scale_never, exp_instead_of_exp2,
+        # log2e_missing
         qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         if D_SPLIT:
             # S = Q_0 K_0^T + Q_1 K_1^T over the two halves of the head dim. guards: mutant
             # d_split_second_half_same_columns; cases fp32_precision, head_dim_111
-            k1 = _load_kv(k_ptrs + BLOCK_D * stride_kk, desc_k, off_b, off_h, start_n, Nk, BLOCK_D, BLOCK_N,
+            k1 = _load_kv(k_ptrs + BLOCK_D * stride_kk, desc_k, off_b, off_h, start_n, kv_rows, BLOCK_D, BLOCK_N,
                           BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
             qk = tl.dot(q1, tl.trans(k1), qk, input_precision=INPUT_PRECISION)
         if MASKED:
@@ -135,7 +139,7 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, q, q1, k_ptrs, v_ptrs, stride_kn, strid
         if D_SPLIT:
             # the second half of the output is rescaled like the first. guards: mutant
             # d_split_second_half_not_rescaled; case fp32_precision
-            v1 = _load_kv(v_ptrs + BLOCK_D * stride_vk, desc_v, off_b, off_h, start_n, Nk, BLOCK_D, BLOCK_N,
+            v1 = _load_kv(v_ptrs + BLOCK_D * stride_vk, desc_v, off_b, off_h, start_n, kv_rows, BLOCK_D, BLOCK_N,
                           BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
             acc1 = tl.dot(p.to(v1.dtype), v1, acc1 * c[:, None], input_precision=INPUT_PRECISION)
         m_i = m_new  # guards: mutant m_never_updated
@@ -471,6 +475,7 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
         use_tma = tma_eligible(k) and tma_eligible(v)
         bm, bn, warps, stages = default_blocks(Nq, Nk, D, q.dtype, precision, use_tma)
         bm, bn = block_m or bm, block_n or bn
+        fixed_stages = num_stages is not None
         num_warps, num_stages = num_warps or warps, num_stages or stages
         d_split = head_dim_split(D, q.dtype)
         # a split head dim is not combined with split-KV (fp32 decode, rare, runs unsplit)
@@ -488,23 +493,37 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
             # guards: mutants tma_desc_rows_nq, tma_desc_padded_head_dim; case half_descriptor_layout
             desc_k, desc_v = (TensorDescriptor(t, [B, H, Nk, D], list(t.stride()), [1, 1, bn, head_dim_block(D)])
                               for t in (k, v))
-        # every tensor passes its own strides. guards: mutants v_strides_from_k, out_strides_from_q
-        _attn_fwd[grid](
-            q, k, v, o_dst, l_dst, scale * LOG2E,
-            *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
-            H, Nq, Nk, keys_per_split, desc_k, desc_v,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=head_dim_block(D) // (2 if d_split else 1), HEAD_DIM=D,
-            SPLIT=splits > 1, D_SPLIT=d_split,
-            IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0, USE_TMA=use_tma,
-            # fp32 products as precision says (attention_tf32x3 is the verify entry of "tf32x3").
-            # guards: mutants fp32_tf32_dot, tf32x3_single_pass (GPU); case fp32_precision
-            INPUT_PRECISION=precision if q.dtype == torch.float32 else "ieee",
-            num_warps=num_warps, num_stages=num_stages,
-            # no fused multiply-add: every score minus the row max is then exact at the max (see the fast
-            # path). H200, fp16/bf16, D = 64 and 128, N = 4k and 8k: 2 to 6 % slower than with fusion. Only
-            # the GPU shows it: the interpreter never fuses. guards: mutant fp_fusion_on; cases huge_scores,
-            # huge_scores_negative_scale, extreme_scores_fp32, extreme_scores_bf16
-            enable_fp_fusion=False)
+        # A tile the caller pins may not fit the default pipeline depth in shared memory (H200, fp16, D = 128,
+        # descriptor loads: 64 x 128 with the decode default of 4 stages asks 273 KB of 227; found by a generated
+        # case): it then runs with fewer stages, remembered per configuration. A depth the caller gave is kept.
+        # guards: case block_override_decode_d128 (GPU)
+        key = (q.device, q.dtype, D, bm, bn, num_warps, num_stages, use_tma, d_split, precision, causal, splits > 1)
+        num_stages = _STAGES_THAT_FIT.get(key, num_stages)
+        while True:
+            try:
+                # every tensor passes its own strides. guards: mutants v_strides_from_k, out_strides_from_q
+                _attn_fwd[grid](
+                    q, k, v, o_dst, l_dst, scale * LOG2E,
+                    *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
+                    H, Nq, Nk, keys_per_split, desc_k, desc_v,
+                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=head_dim_block(D) // (2 if d_split else 1), HEAD_DIM=D,
+                    SPLIT=splits > 1, D_SPLIT=d_split,
+                    IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0, USE_TMA=use_tma,
+                    # fp32 products as precision says (attention_tf32x3 is the verify entry of "tf32x3").
+                    # guards: mutants fp32_tf32_dot, tf32x3_single_pass (GPU); case fp32_precision
+                    INPUT_PRECISION=precision if q.dtype == torch.float32 else "ieee",
+                    num_warps=num_warps, num_stages=num_stages,
+                    # no fused multiply-add: every score minus the row max is then exact at the max (see the fast
+                    # path). H200, fp16/bf16, D = 64 and 128, N = 4k and 8k: 2 to 6 % slower than with fusion. Only
+                    # the GPU shows it: the interpreter never fuses. guards: mutant fp_fusion_on; cases huge_scores,
+                    # huge_scores_negative_scale, extreme_scores_fp32, extreme_scores_bf16
+                    enable_fp_fusion=False)
+                break
+            except OutOfResources:
+                if fixed_stages or num_stages == 1:
+                    raise
+                num_stages -= 1
+        _STAGES_THAT_FIT[key] = num_stages
         if splits > 1:
             cm = 16
             _attn_combine[(triton.cdiv(Nq, cm) * B * H,)](

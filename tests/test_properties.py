@@ -165,7 +165,10 @@ def test_strategy_stays_in_the_legal_space(case):
 
 def test_power_names_the_killing_property(tmp_path):
     """cases/corpus/power.py on two mutants: one the reference-free relations cannot see (a softmax temperature
-    error: exp for exp2), one they can (the scale argument applied twice). The first search goes through
+    error: the log2(e) factor missing from an exp2-based loop, uniform across key blocks and splits), one they
+    can (the scale argument applied twice). (exp for exp2 inside the loop is not uniform: the split-KV combine
+    weighs the splits in base 2, so duplicating keys moves the split borders and changes the output; on an H200
+    the duplication relation killed it at Nq = 1, Nk = 2048.) The first search goes through
     the command line with --jobs 2 (both mutants at once in forked children; a fresh process, since a
     process that has used CUDA cannot fork children that use it); the outcomes come back in corpus order."""
     import json
@@ -177,22 +180,22 @@ def test_power_names_the_killing_property(tmp_path):
     relations = ("permutation", "v_scaling", "v_shift", "scale_equivariance", "row_locality", "duplication",
                  "convex_hull", "causal_hidden_keys")
     report = tmp_path / "power.json"
-    argv = [sys.executable, "-m", "flashcheck.cases.corpus.power", "--mutant", "scale_twice", "--mutant", "exp_instead_of_exp2",
+    argv = [sys.executable, "-m", "flashcheck.cases.corpus.power", "--mutant", "scale_twice", "--mutant", "log2e_missing",
             "--examples", "8", "--jobs", "2", "--json", str(report)]
     for name in relations:
         argv += ["--property", name]
     run = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     outcomes = [power.Outcome(**o) for o in json.loads(report.read_text())["outcomes"]]
-    assert [o.mutant for o in outcomes] == ["scale_twice", "exp_instead_of_exp2"]
+    assert [o.mutant for o in outcomes] == ["scale_twice", "log2e_missing"]
     assert "2 at a time" in run.stdout and "killed 1/2 mutants" in run.stdout, run.stdout
     by_name = {o.mutant: o for o in outcomes}
-    twice, exp = by_name["scale_twice"], by_name["exp_instead_of_exp2"]
+    twice, exp = by_name["scale_twice"], by_name["log2e_missing"]
     # which relation kills it first depends on the draws (scale_equivariance on the CPU, permutation on an H200)
     assert twice.status == "killed" and twice.prop in relations, twice
     assert parse_case(twice.entry).name == f"found_{twice.prop}"
     assert exp.status == "missed" and exp.examples >= 8, exp
-    (killed,) = power.measure(["exp_instead_of_exp2"], examples=8, props=("reference",), isolate=False)
+    (killed,) = power.measure(["log2e_missing"], examples=8, props=("reference",), isolate=False)
     assert killed.status == "killed" and killed.prop == "reference", killed
 
 

@@ -288,8 +288,7 @@ MUTANTS = [
            edits=(("x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)",
                    'x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=float("-inf"))'),)),
     Mutant("kv_mask_plus", "fused",
-           "kv_mask = ((start_n + offs_n)[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM)",
-           "kv_mask = ((start_n + offs_n)[:, None] < Nk) + (offs_d[None, :] < HEAD_DIM)",
+           "kv_mask = kv_rows & (offs_d[None, :] < HEAD_DIM)", "kv_mask = kv_rows + (offs_d[None, :] < HEAD_DIM)",
            "K/V load mask combined with + instead of &: a sum of booleans admits key rows past Nk, so V is "
            "read out of bounds (Triton's 1-bit add even drops lanes where both hold)",
            _SEED_UNFUSED + " (+ instead of &)", ("partial_last_key_block", "nk_lt_block_n")),
@@ -302,7 +301,7 @@ MUTANTS = [
            ("block_m_gt_block_n", "block_m_lt_block_n", "partial_last_key_block")),
     Mutant("score_mask_from_kv_mask", "fused",
            'qk = tl.where(valid, qk, float("-inf"))',
-           'qk = tl.where(kv_mask, qk, float("-inf"))',
+           'qk = tl.where(kv_rows, qk, float("-inf"))',
            "the K/V load mask (key rows x head-dim columns) used as the score mask: it only broadcasts when "
            "BLOCK_M == BLOCK_N == the head-dim block, and then masks query rows, not keys",
            _SEED_MASKS + " (using the K/V load mask on the scores)",
@@ -313,8 +312,7 @@ MUTANTS = [
            "causal mask is never applied)",
            _SEED_MASKS, ("partial_last_key_block", "nk_lt_block_n", "causal_square")),
     Mutant("kv_mask_off_by_one", "fused",
-           "kv_mask = ((start_n + offs_n)[:, None] < Nk)",
-           "kv_mask = ((start_n + offs_n)[:, None] <= Nk)",
+           "kv_rows = (start_n + offs_n)[:, None] < Nk", "kv_rows = (start_n + offs_n)[:, None] <= Nk",
            "K/V load mask admits key row Nk: one row past the end of K and V is read (V's NaN guard reaches "
            "the output through 0 * NaN)",
            _OTHER + " (index off-by-one)", ("partial_last_key_block", "nk_lt_block_n")),
@@ -339,7 +337,7 @@ MUTANTS = [
            "(Nq > Nk)",
            _SEED_CROSS + ": loop count", ("cross_nq_lt_nk", "cross_nq_gt_nk")),
     Mutant("kv_mask_nq", "fused",
-           "kv_mask = ((start_n + offs_n)[:, None] < Nk)", "kv_mask = ((start_n + offs_n)[:, None] < Nq)",
+           "kv_rows = (start_n + offs_n)[:, None] < Nk", "kv_rows = (start_n + offs_n)[:, None] < Nq",
            "the K/V load mask compares key rows with Nq (both lengths passed to the loop, the wrong one "
            "used): rows past Nk are read (Nq > Nk) or valid keys load as 0 (Nq < Nk)",
            _SEED_CROSS + ": K/V load mask", ("cross_nq_gt_nk", "cross_nq_lt_nk"), edits=_PASS_NQ),
@@ -458,6 +456,12 @@ MUTANTS = [
            "c = tl.exp(m_i - m_shift)\n        p = tl.exp(qk)",
            "exp instead of exp2 while the scores carry the log2(e) factor: the softmax runs at the wrong "
            "temperature",
+           _OTHER + " (log2-domain softmax)", ("custom_scale", "one_query")),
+    Mutant("log2e_missing", "fused",
+           "q, k, v, o_dst, l_dst, scale * LOG2E,", "q, k, v, o_dst, l_dst, scale,",
+           "the scale passed without the log2(e) factor into an exp2-based loop: the softmax runs at temperature "
+           "1 / ln 2 everywhere (key blocks and split-KV combine alike), so every reference-free relation still "
+           "holds and only the reference sees it",
            _OTHER + " (log2-domain softmax)", ("custom_scale", "one_query")),
     # --- scale -------------------------------------------------------------------------------------
     Mutant("scale_twice", "fused",

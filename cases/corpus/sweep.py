@@ -34,15 +34,16 @@ FIRST = ("partial_last_key_block", "causal_nq_gt_nk", "partial_last_query_block"
          "batch_heads_mixed_causal", "many_key_chunks_growing_max", "head_dim_17", "causal_default_blocks")
 
 # id -> why the mutant cannot change any result (reviewed by hand; see the module docstring).
-_K_FILL = ("K's masked lanes are padded head-dim columns, which meet Q's zero padding in the dot, or key rows "
-           "past Nk, whose scores the -inf score mask replaces: any finite fill gives the same scores")
-_V_FILL = ("V's masked lanes are key rows past Nk, multiplied by p = exp2(-inf) = 0 exactly, or head-dim "
-           "columns past D, which the store never writes: any finite fill gives the same output")
-# The unmasked fast path masks only padded head-dim columns (when BLOCK_D > D).
-_K_PAD = ("K's masked lanes on the fast path are padded head-dim columns, which meet Q's zero padding in the "
-          "dot: any finite fill gives the same scores")
-_V_PAD = ("V's masked lanes on the fast path are padded head-dim columns: they only reach output columns past "
-          "D, which the store never writes (p is finite, so even -inf stays in those columns)")
+# K and V load through one helper (_load_kv), so a mechanical mutant of a load changes both.
+_KV_FILL = ("the masked lanes are padded head-dim columns (K's meet Q's zero padding in the dot; V's only reach "
+            "output columns past D, which the store never writes) or key rows past Nk (K's scores are replaced "
+            "by the -inf score mask; V's rows are multiplied by p = exp2(-inf) = 0 exactly): any finite fill "
+            "gives the same output")
+# The unmasked fast path masks only padded head-dim columns (when BLOCK_D > D, or in the second half of a split
+# head dim).
+_KV_PAD = ("the masked lanes on the fast path are padded head-dim columns: K's meet Q's zero padding in the dot, "
+           "V's only reach output columns past D, which the store never writes: any finite fill gives the same "
+           "output")
 _Q_FILL = ("Q's masked lanes are rows past Nq, whose output the store masks off, or padded head-dim "
            "columns, which meet K's zero fill in the dot: any finite fill gives the same output")
 _NO_KEY_SHIFT = ("the shift only applies to rows that have seen no key yet (m_new = -inf, every score -inf): "
@@ -54,10 +55,15 @@ _TRUNC = ("Triton's integer // truncates toward zero, so a bound of -1 (or 1) in
 _EXTRA_BLOCK = ("a program none of whose rows sees any key visits one fully masked block: its scores are "
                 "-inf, p = 0, and V holds finite values there, so nothing changes (wasted work only)")
 EQUIVALENT = {
-    "other=0.0 -> other=1.0 | k = tl.load(k_ptrs, mask=kv_mask, other=0.0) | #1": _K_FILL,
-    "const 0.0 -> -1.0 | k = tl.load(k_ptrs, mask=kv_mask, other=0.0) | #1": _K_FILL,
-    "other=0.0 -> other=1.0 | v = tl.load(v_ptrs, mask=kv_mask, other=0.0) | #1": _V_FILL,
-    "const 0.0 -> -1.0 | v = tl.load(v_ptrs, mask=kv_mask, other=0.0) | #1": _V_FILL,
+    "other=0.0 -> other=1.0 | x = tl.load(ptrs, mask=kv_mask, other=0.0) | #1": _KV_FILL,
+    "const 0.0 -> -1.0 | x = tl.load(ptrs, mask=kv_mask, other=0.0) | #1": _KV_FILL,
+    "other=0.0 -> other=1.0 | x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0) | #1": _KV_PAD,
+    "const 0.0 -> -1.0 | x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0) | #1": _KV_PAD,
+    "'<=' -> '<' | elif COL + BLOCK_D <= HEAD_DIM: | #1":
+        "a block whose columns end exactly at D takes the masked load with a mask that is true everywhere: the "
+        "same values (slower only)",
+    'drop statement | tl.static_assert(not (SPLIT and D_SPLIT), "split-KV and a split head dim are not combined") '
+    "| #1": "a compile-time check only: the host never launches SPLIT with D_SPLIT, so nothing it guards runs",
     "other=0.0 -> other=1.0 | q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk, "
     "mask=q_mask, other=0.0) | #1": _Q_FILL,
     "const 0.0 -> -1.0 | q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk, "
@@ -68,16 +74,6 @@ EQUIVALENT = {
         "not visible in any result: Q's row Nq is read (one row past Q) but only feeds output row Nq, which "
         "the store masks off. It is still a stray read that can fault at the end of an allocation: only a "
         "memory checker sees it (flashcheck sanitize, compute-sanitizer on the GPU)",
-    "other=0.0 -> other=1.0 | k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0) | #1": _K_PAD,
-    "const 0.0 -> -1.0 | k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0) | #1": _K_PAD,
-    "other=0.0 -> other=1.0 | v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0) | #1": _V_PAD,
-    'other=0.0 -> other=float("-inf") | v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0) | #1':
-        _V_PAD,
-    "const 0.0 -> -1.0 | v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0) | #1": _V_PAD,
-    "'<' -> '<=' | v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0) | #1":
-        "not visible in any result: column D of V (one past the row) only feeds output column D, which the "
-        "store masks off. It is still a stray read, past the allocation for the last row: only a memory "
-        "checker sees it (flashcheck sanitize, compute-sanitizer on the GPU)",
     "minimum -> maximum | hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_shift, 0), Nk) | #1":
         "hi only bounds the causal key loop: past Nk every block is fully masked (K/V load 0, scores -inf, "
         "p = 0) and adds nothing (wasted work only)",
