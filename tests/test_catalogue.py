@@ -63,6 +63,64 @@ def test_unfused_baseline_refuses_more_batch_heads_than_its_grid_holds(device):
         unfused.attention(q, q, q)
 
 
+def test_descriptor_path_is_taken_exactly_where_the_layout_allows(backend):
+    """K and V load through tensor descriptors in fp16/bf16 when D has unit stride and every other stride and the
+    base are multiples of 16 bytes (the layouts of the half_descriptor_* cases); otherwise the pointer path (the
+    gapped and D-major layouts, an odd base, fp32). On the CPU the interpreter emulates descriptors, so the
+    descriptor mutants are judged there; the rule is what decides which path the corpus exercises."""
+    import torch
+
+    from flashcheck.cases import inputs
+    if backend == "gpu" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("tensor descriptors need compute capability 9.0 (Hopper) or later")
+
+    def kv(case_name):   # K as the case lays it out, in its guarded buffer
+        return inputs.make_inputs(catalogue.get(case_name), "cuda" if backend == "gpu" else "cpu").k.t
+
+    assert fused.tma_eligible(kv("half_descriptor_layout[fp16]"))          # D = 24: 48-byte rows
+    assert fused.tma_eligible(kv("layout_bthd[fp16]"))                     # heads and rows swap strides
+    assert not fused.tma_eligible(kv("half_unaligned_rows[fp16]"))         # 38-byte rows
+    assert not fused.tma_eligible(kv("layout_d_major[fp16]"))              # unit stride along N
+    assert not fused.tma_eligible(kv("layout_bthd[fp32]"))                 # fp32 keeps the pointer path
+    k = kv("half_descriptor_layout[fp16]")
+    buf = torch.zeros(k.numel() + 8, dtype=k.dtype, device=k.device)
+    assert fused.tma_eligible(buf[8:].view(k.shape))                   # a base 16 bytes in
+    assert not fused.tma_eligible(buf[1:1 + k.numel()].view(k.shape))   # a base 2 bytes off
+
+
+def test_a_pinned_tile_too_deep_for_shared_memory_runs_with_fewer_stages(monkeypatch, device):
+    """The compiled kernel raises OutOfResources when a tile's pipeline needs more shared memory than the GPU has
+    (on an H200: a pinned 64 x 128 tile at D = 128 with the 4-stage decode default). The launch then retries with
+    fewer stages and remembers the depth that fitted; a depth the caller gave is never changed. Here a stand-in
+    launcher plays the GPU's limit (at most 2 stages), so the rule runs on either backend."""
+    import torch
+    from triton.runtime.errors import OutOfResources
+
+    tried = []
+
+    class Launcher:
+        def __getitem__(self, grid):
+            def launch(*args, num_stages, **kwargs):
+                tried.append(num_stages)
+                if num_stages > 2:
+                    raise OutOfResources(196608 * num_stages, 232448, "shared memory")
+            return launch
+
+    monkeypatch.setattr(fused, "_attn_fwd", Launcher())
+    monkeypatch.setattr(fused, "_STAGES_THAT_FIT", {})
+    monkeypatch.setattr(fused, "default_blocks", lambda *a, **kw: (64, 64, 4, 4))   # a 4-stage default
+    q = torch.zeros(1, 1, 40, 64, device=device)
+    fused.attention(q, q, q, block_m=64, num_warps=4)
+    assert tried == [4, 3, 2], tried
+    tried.clear()
+    fused.attention(q, q, q, block_m=64, num_warps=4)              # remembered: one launch, at 2 stages
+    assert tried == [2], tried
+    tried.clear()
+    with pytest.raises(OutOfResources):
+        fused.attention(q, q, q, block_m=64, num_warps=4, num_stages=3)   # the caller's depth is kept
+    assert tried == [3], tried
+
+
 def test_catalogue_covers_the_issue_checklist():
     """The cases the foundation issue requires are all present (a deleted case fails here)."""
     by = {c.name: c for c in catalogue.instances()}
