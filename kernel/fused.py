@@ -477,6 +477,8 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
         bm, bn = block_m or bm, block_n or bn
         fixed_stages = num_stages is not None
         num_warps, num_stages = num_warps or warps, num_stages or stages
+        # a descriptor's box is at most 256 rows (TMA's limit): a wider pinned key block loads through pointers
+        use_tma = use_tma and bn <= 256
         d_split = head_dim_split(D, q.dtype)
         # a split head dim is not combined with split-KV (fp32 decode, rare, runs unsplit)
         splits, keys_per_split = (1, Nk) if d_split else split_plan(B, H, Nq, Nk, bm, bn, q.device)
