@@ -12,9 +12,9 @@ The space, per backend (flashcheck.cases.backend.backend()):
 One draw in 16 is a few queries against hundreds of key blocks (2,048 keys on the CPU, up to 16k on the GPU),
 where a running state kept in half precision drifts. Lengths gather at block boundaries (multiples of 4..64,
 or 16..128 on the GPU, and their neighbours) and at the small end (0 queries, 1 key), where the masks live;
-head dims gather at 1, 2, 3, 15..17, 31..33, 59, 63..65, 111, 127..129, 255, 256. Shrinking goes toward the
-kernel's own blocks, contiguous fp32, B = H = 1, randn data and the default scale, so a minimal example only
-pins what the bug needs.
+head dims gather at 1, 2, 3, 15..17, 24, 31..33, 40, 59, 63..65, 80, 96, 111, 127..129, 255, 256. Shrinking
+goes toward the kernel's own blocks, contiguous fp32, B = H = 1, randn data and the default scale, so a minimal
+example only pins what the bug needs.
 
 Profiles: dev (quick, the default), ci (derandomized, bounded; the default when $CI is set), thorough
 (many examples, larger shapes on the GPU). Chosen by pytest's --hypothesis-profile or by
@@ -36,7 +36,9 @@ CASE_NAME = "hypothesis_example"
 # Generated data that never makes the float64 reference NaN; "nan_input" is asked for explicitly.
 FINITE_DATA = ("randn", "large", "very_negative", "equal_scores")
 LAYOUT_ORDER = ("contiguous", "bthd", "gapped", "d_major", "mixed")
-HEAD_DIMS = (1, 2, 3, 15, 16, 17, 31, 32, 33, 59, 63, 64, 65, 111, 127, 128, 129, 255, 256)
+# ... and at the head dims of real models that pad to the next power of two with 16-byte rows in half precision
+# (24, 40, 80, 96): a kernel loading through tensor descriptors (TMA) meets its padded columns there
+HEAD_DIMS = (1, 2, 3, 15, 16, 17, 24, 31, 32, 33, 40, 59, 63, 64, 65, 80, 96, 111, 127, 128, 129, 255, 256)
 # (B, H) pairs, simplest first; B != H catches swapped batch/head offsets
 BATCH_HEADS = ((1, 1), (1, 2), (2, 1), (2, 3), (3, 2), (1, 3), (3, 1), (2, 2))
 # scales besides the default 1/sqrt(D): 0 (every score equal), negative (a flipped softmax), and large
