@@ -31,8 +31,14 @@ EXAMPLES = {"dev": 60, "ci": 150, "thorough": 600}
 # measured on an H200 (60 cases), last key dropped 40 % (fp32), 13 % (bf16); wrong temperature 27 % (fp32).
 # The softmax over the wrong axis (the queries), on the CPU (150 cases, ci profile): 75 % (fp32), 74 % (fp16),
 # 57 % (bf16), every one caught; its GPU floors are set below the CPU's, not yet measured on a GPU.
-APPLICABLE = {"last_key_dropped": {"fp32": 0.5, "fp16": 0.4, "bf16": 0.15},
-              "natural_log_temperature": {"fp32": 0.3, "fp16": 0.2, "bf16": 0.12},
+# Re-measured on the CPU with the generator as it is now (its draws reach long decode rows and the dtypes'
+# largest scores, where one key or the temperature often stays within rounding), every applicable case caught:
+#   dev (60 cases, the README's plain `pytest`): last key 43 % (fp32), 43 % (fp16), 20 % (bf16); temperature
+#   25 %, 17 %, 27 %; wrong axis 77 %, 72 %, 53 %.  ci (150): last key 57 %, 51 %, 37 %; temperature 39 %, 35 %,
+#   23 %; wrong axis 75 %, 73 %, 58 %.
+# The floors keep a margin under the lower of the two (the 0.5 and 0.2 of before failed the dev profile).
+APPLICABLE = {"last_key_dropped": {"fp32": 0.35, "fp16": 0.35, "bf16": 0.15},
+              "natural_log_temperature": {"fp32": 0.2, "fp16": 0.12, "bf16": 0.12},
               "softmax_over_queries": {"fp32": 0.5, "fp16": 0.5, "bf16": 0.35}}
 APPLICABLE_GPU = {"last_key_dropped": {"fp32": 0.3, "fp16": 0.25, "bf16": 0.1},
                   "natural_log_temperature": {"fp32": 0.2, "fp16": 0.15, "bf16": 0.12},
