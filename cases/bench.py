@@ -324,7 +324,7 @@ class Runtime:
                                                           self.precision_of(shape))
         if blocks:
             bm, bn = blocks
-        tma = getattr(self.fused, "descriptors_available", lambda dtype: False)(self.dtypes[shape.dtype])
+        tma = self.fused.descriptors_available(self.dtypes[shape.dtype])
         return (f"{bm}x{bn} w{warps} s{stages}" + (" tf32x3" if self.precision_of(shape) == "tf32x3" else "")
                 + (" tma" if tma else ""))
 

@@ -200,9 +200,11 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if D_SPLIT:
-        # the second half of the head dim (columns BLOCK_D .. 2 * BLOCK_D), masked past HEAD_DIM like the first
-        q1 = tl.load(q_base + offs_m[:, None] * stride_qm + (BLOCK_D + offs_d)[None, :] * stride_qk,
-                     mask=(offs_m[:, None] < Nq) & ((BLOCK_D + offs_d)[None, :] < HEAD_DIM), other=0.0)
+        # the second half of the head dim (columns BLOCK_D .. 2 * BLOCK_D), masked past HEAD_DIM like the first;
+        # its mask serves the load of Q and the store of the output alike
+        offs_d1 = BLOCK_D + offs_d
+        mask1 = (offs_m[:, None] < Nq) & (offs_d1[None, :] < HEAD_DIM)
+        q1 = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d1[None, :] * stride_qk, mask=mask1, other=0.0)
         acc1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     else:
         q1 = q
@@ -267,9 +269,8 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_ok,
              out.to(Out.dtype.element_ty), mask=o_mask)
     if D_SPLIT:
-        tl.store(o_base + offs_m[:, None] * stride_om + (BLOCK_D + offs_d)[None, :] * stride_ok,
-                 (acc1 / l_safe[:, None]).to(Out.dtype.element_ty),
-                 mask=(offs_m[:, None] < Nq) & ((BLOCK_D + offs_d)[None, :] < HEAD_DIM))
+        tl.store(o_base + offs_m[:, None] * stride_om + offs_d1[None, :] * stride_ok,
+                 (acc1 / l_safe[:, None]).to(Out.dtype.element_ty), mask=mask1)
     if STORE_LSE:
         # lse = ln(sum_j exp(s_j)) = (m + log2 l) * ln 2 in the log2 domain the loop worked in.
         # A row that saw no key has lse = -inf (log2 of l_safe keeps log2(0) out of the computation).
@@ -358,11 +359,11 @@ def default_blocks(Nq, Nk, D, dtype, precision="ieee", tma=None):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a problem, by rule (the caller may override blocks).
     tma: whether K and V load through tensor descriptors (None: as contiguous inputs would, here)."""
     block_d = head_dim_block(D)
-    if tma is None:
-        tma = not interpreter_active() and descriptors_available(dtype)
     if interpreter_active():
         # The interpreter runs one program at a time in NumPy: fewer, larger programs are faster.
         return 64, 64, 4, 1
+    if tma is None:
+        tma = descriptors_available(dtype)
     if Nq <= SPLIT_MAX_QUERIES and dtype != torch.float32:
         # decode-like: one block of 16 rows (tl.dot's minimum) instead of 128 mostly empty ones. H200, bf16,
         # D = 128, B*H = 32, Nq = 1, Nk = 32k, split: 16 x 64, 4 warps, 3 stages 3.6 TFLOP/s (16 x 128: 3.5).
@@ -418,6 +419,11 @@ def head_dim_split(D, dtype):
     operand registers and shared memory, which fp32 tiles run out of at D = 128 (default_blocks has the
     figures). fp16/bf16 dots at D = 128 fit whole and run faster whole."""
     return dtype == torch.float32 and head_dim_block(D) == 128
+
+
+def launch_block_d(D, dtype):
+    """The BLOCK_D _attn_fwd is launched with: the padded head dim, or half of it under head_dim_split."""
+    return head_dim_block(D) // (2 if head_dim_split(D, dtype) else 1)
 
 
 PRECISIONS = ("ieee", "tf32x3")
@@ -508,7 +514,7 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
                     q, k, v, o_dst, l_dst, scale * LOG2E,
                     *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
                     H, Nq, Nk, keys_per_split, desc_k, desc_v,
-                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=head_dim_block(D) // (2 if d_split else 1), HEAD_DIM=D,
+                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=launch_block_d(D, q.dtype), HEAD_DIM=D,
                     SPLIT=splits > 1, D_SPLIT=d_split,
                     IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0, USE_TMA=use_tma,
                     # fp32 products as precision says (attention_tf32x3 is the verify entry of "tf32x3").

@@ -24,7 +24,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from flashcheck.cases.bench import config_text  # noqa: E402
 import torch  # noqa: E402
 
-from flashcheck.kernel.fused import _attn_fwd, head_dim_block, head_dim_split  # noqa: E402
+from flashcheck.kernel.fused import _attn_fwd, head_dim_split, launch_block_d  # noqa: E402
 
 POINTER = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16"}
 TORCH_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -44,11 +44,11 @@ def parse_config(text):
 def compile_kernel(dtype, D, config, causal, arch):
     bm, bn, warps, stages = config
     names = list(_attn_fwd.arg_names)
-    d_split = head_dim_split(D, TORCH_DTYPE[dtype])
+    torch_dtype = TORCH_DTYPE[dtype]
     # the pointer path, unsplit keys (tensor-descriptor arguments need a GPU to describe)
-    constants = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=head_dim_block(D) // (2 if d_split else 1), HEAD_DIM=D,
+    constants = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=launch_block_d(D, torch_dtype), HEAD_DIM=D,
                      IS_CAUSAL=causal, STORE_LSE=False, NEGATIVE_SCALE=False, INPUT_PRECISION="ieee", SPLIT=False,
-                     USE_TMA=False, D_SPLIT=d_split, DescK=None, DescV=None)
+                     USE_TMA=False, D_SPLIT=head_dim_split(D, torch_dtype), DescK=None, DescV=None)
     signature = {}
     for name in names:
         if name in constants:

@@ -68,6 +68,10 @@ EQUIVALENT = {
     "mask=q_mask, other=0.0) | #1": _Q_FILL,
     "const 0.0 -> -1.0 | q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk, "
     "mask=q_mask, other=0.0) | #1": _Q_FILL,
+    "other=0.0 -> other=1.0 | q1 = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d1[None, :] * stride_qk, "
+    "mask=mask1, other=0.0) | #1": _Q_FILL,
+    "const 0.0 -> -1.0 | q1 = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d1[None, :] * stride_qk, "
+    "mask=mask1, other=0.0) | #1": _Q_FILL,
     'const 0.0 -> -1.0 | m_shift = tl.where(m_new == float("-inf"), 0.0, m_new) | #1': _NO_KEY_SHIFT,
     'const 0.0 -> 1.0 | m_shift = tl.where(m_new == float("-inf"), 0.0, m_new) | #1': _NO_KEY_SHIFT,
     "'<' -> '<=' | q_mask = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_DIM) | #1":
