@@ -65,14 +65,27 @@ def _load_kv(ptrs, desc, off_b, off_h, start_n, kv_rows, COL: tl.constexpr, BLOC
 
 
 @triton.jit
-def _attn_fwd_inner(acc, acc1, l_i, m_i, q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, stride_vk,
-                    desc_k, desc_v, off_b, off_h, qk_scale, start_m, lo, hi, Nk, causal_shift,
+def _q_tile(q, q_mask, Q_IN_LOOP: tl.constexpr):
+    """The queries' tile for one key block: q itself, or with Q_IN_LOOP, read again through the pointer tile q
+    (rows past Nq and columns past the head dim as 0, as when it is read once)."""
+    if Q_IN_LOOP:
+        # guards: mutant q_in_loop_unmasked; case head_dim_111
+        x = tl.load(q, mask=q_mask, other=0.0)
+    else:
+        x = q
+    return x
+
+
+@triton.jit
+def _attn_fwd_inner(acc, acc1, l_i, m_i, q, q1, q_mask, q1_mask, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk,
+                    stride_vk, desc_k, desc_v, off_b, off_h, qk_scale, start_m, lo, hi, Nk, causal_shift,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
                     NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-                    D_SPLIT: tl.constexpr):
+                    D_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr):
     """Fold key blocks [lo, hi) into the running state (m_i, l_i, acc; with D_SPLIT, acc1 holds the output's
-    second half of head-dim columns and q1 the queries' second half).
+    second half of head-dim columns and q1 the queries' second half). With Q_IN_LOOP, q and q1 are pointer tiles
+    (masks q_mask and q1_mask) that every key block reads again (see attention).
 
     MASKED=False is the fast path for blocks every row of this program fully sees: no key mask, no causal
     mask. MASKED=True handles the rest: the partial last key block and the blocks that cross the causal
@@ -90,13 +103,13 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, q, q1, k_ptrs, v_ptrs, stride_kn, strid
         # base 2). fp32 operands need input_precision="ieee": the default tf32 keeps 10 mantissa bits (~1e-3
         # relative error). guards: mutants fp32_tf32_dot, scale_twice, scale_never, exp_instead_of_exp2,
         # log2e_missing
-        qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        qk = tl.dot(_q_tile(q, q_mask, Q_IN_LOOP), tl.trans(k), input_precision=INPUT_PRECISION)
         if D_SPLIT:
             # S = Q_0 K_0^T + Q_1 K_1^T over the two halves of the head dim. guards: mutant
             # d_split_second_half_same_columns; cases fp32_precision, head_dim_111
             k1 = _load_kv(k_ptrs + BLOCK_D * stride_kk, desc_k, off_b, off_h, start_n, kv_rows, BLOCK_D, BLOCK_N,
                           BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
-            qk = tl.dot(q1, tl.trans(k1), qk, input_precision=INPUT_PRECISION)
+            qk = tl.dot(_q_tile(q1, q1_mask, Q_IN_LOOP), tl.trans(k1), qk, input_precision=INPUT_PRECISION)
         if MASKED:
             qk = qk * qk_scale
             # The score mask varies along the KEY axis ([None, :] on S); the K/V load mask has the wrong
@@ -160,7 +173,7 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
               NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
-              USE_TMA: tl.constexpr, D_SPLIT: tl.constexpr):
+              USE_TMA: tl.constexpr, D_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr):
     """One (query block, batch x head) program; with SPLIT, one (query block, batch x head, key split)
     program that folds only keys [split * keys_per_split, (split + 1) * keys_per_split) and writes its partial
     state (Out: fp32 (B*H, splits, Nq, HEAD_DIM) output normalised by its own l; Lse: fp32 (B*H, splits, Nq)
@@ -173,7 +186,14 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     # failed to launch from B*H = 65,536 on (a decode batch of 1,024 sequences of 64 heads; the GPU test
     # tests/test_catalogue.py::test_fused_kernel_many_batch_heads). guards: mutant query_block_from_wrong_axis
     m_blocks = tl.cdiv(Nq, BLOCK_M)
-    start_m = (tl.program_id(0) % m_blocks) * BLOCK_M
+    m_block = tl.program_id(0) % m_blocks
+    if IS_CAUSAL:
+        # Heaviest first: under the causal mask a query block's work grows with its index, so each head's last
+        # block runs first and the light ones fill the grid's tail (H200, fp16, D = 128, N = 16k, kernel /
+        # SDPA-cuDNN in one run: 0.935 -> 0.975; the other paper shapes within noise).
+        # guards: mutant causal_heaviest_first_off_by_one; cases causal_nq_gt_nk, partial_last_query_block
+        m_block = m_blocks - 1 - m_block
+    start_m = m_block * BLOCK_M
     off_bh = tl.program_id(0) // m_blocks
     off_b = off_bh // H
     off_h = off_bh % H
@@ -194,7 +214,9 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     # multiply per score; this kernel scales the fp32 scores instead, because Q * scale rounded back to
     # fp16/bf16 loses bits that large scores need (fp16, raw scores ~1e4, D = 256: error 0.08 against 0.001).
     # guards: mutants q_head_dim_stride_assumed_1, query_block_from_wrong_axis; case layout_d_major
-    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk, mask=q_mask, other=0.0)
+    q = q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
+    if not Q_IN_LOOP:
+        q = tl.load(q, mask=q_mask, other=0.0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -204,10 +226,12 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         # its mask serves the load of Q and the store of the output alike
         offs_d1 = BLOCK_D + offs_d
         mask1 = (offs_m[:, None] < Nq) & (offs_d1[None, :] < HEAD_DIM)
-        q1 = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d1[None, :] * stride_qk, mask=mask1, other=0.0)
+        q1 = q_base + offs_m[:, None] * stride_qm + offs_d1[None, :] * stride_qk
+        if not Q_IN_LOOP:
+            q1 = tl.load(q1, mask=mask1, other=0.0)
         acc1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     else:
-        q1 = q
+        q1, mask1 = q, q_mask
         acc1 = acc
 
     k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
@@ -236,16 +260,16 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         masked_lo, masked_hi = tl.maximum(full_hi, split_lo), tl.minimum(hi, split_hi)
     else:
         fast_lo, fast_hi, masked_lo, masked_hi = 0, full_hi, full_hi, hi
-    acc, acc1, l_i, m_i = _attn_fwd_inner(acc, acc1, l_i, m_i, q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                                          stride_kk, stride_vk, DescK, DescV, off_b, off_h,
+    acc, acc1, l_i, m_i = _attn_fwd_inner(acc, acc1, l_i, m_i, q, q1, q_mask, mask1, k_ptrs, v_ptrs, stride_kn,
+                                          stride_vn, stride_kk, stride_vk, DescK, DescV, off_b, off_h,
                                           qk_scale, start_m, fast_lo, fast_hi, Nk, causal_shift,
                                           BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, False, IS_CAUSAL, NEGATIVE_SCALE,
-                                          INPUT_PRECISION, USE_TMA, D_SPLIT)
-    acc, acc1, l_i, m_i = _attn_fwd_inner(acc, acc1, l_i, m_i, q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                                          stride_kk, stride_vk, DescK, DescV, off_b, off_h,
+                                          INPUT_PRECISION, USE_TMA, D_SPLIT, Q_IN_LOOP)
+    acc, acc1, l_i, m_i = _attn_fwd_inner(acc, acc1, l_i, m_i, q, q1, q_mask, mask1, k_ptrs, v_ptrs, stride_kn,
+                                          stride_vn, stride_kk, stride_vk, DescK, DescV, off_b, off_h,
                                           qk_scale, start_m, masked_lo, masked_hi, Nk, causal_shift,
                                           BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, True, IS_CAUSAL, NEGATIVE_SCALE,
-                                          INPUT_PRECISION, USE_TMA, D_SPLIT)
+                                          INPUT_PRECISION, USE_TMA, D_SPLIT, Q_IN_LOOP)
     if SPLIT:
         # The partial state of this split: its output normalised by its own l (l = 0 when no row key fell in
         # it: divide by 1, not 0, or 0/0 = NaN reaches the combine, where a zero weight times NaN is still
@@ -399,9 +423,13 @@ def default_blocks(Nq, Nk, D, dtype, precision="ieee", tma=None):
         # 0.84 (not causal) and 0.91 (causal); 128 x 64 0.77 and 0.85 (pointer loads: 0.75 and 0.79); 4 stages
         # need 289 KB of shared memory (the H200 has 227 KB); 256 x 64, 16 warps 0.75
         return 128, 128, 8, 3
+    if block_d == 64 and tma:
+        # H200, fp16, kernel / SDPA-cuDNN in one run, N = 4k and 16k, not causal and causal: 128 x 128, 4 warps,
+        # 3 stages 0.906, 0.920, 0.918, 0.929; 128 x 64, 8 warps 0.882, 0.912, 0.913, 0.915 (128 x 128, 8 warps,
+        # 2 stages: 0.68-0.77). Triton's tutorial 06 autotunes to the same tile here.
+        return 128, 128, 4, 3
     if block_d <= 128:
         # H200, bf16, N = 4k: D = 64 443 TFLOP/s (64 x 64, 4 warps: 407); D = 128 489 (64 x 64: 483).
-        # D = 64 with tensor descriptors: 0.90 of SDPA-cuDNN (128 x 128: 0.82; 256 x 64, 16 warps: 0.82)
         return 128, 64, 8, 3
     return 64, 32, 4, 2
 
@@ -486,6 +514,10 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
         # a descriptor's box is at most 256 rows (TMA's limit): a wider pinned key block loads through pointers
         use_tma = use_tma and bn <= 256
         d_split = head_dim_split(D, q.dtype)
+        # tf32x3 at a split head dim reads the Q tile again for every key block (from L1/L2) instead of holding
+        # it, split in tf32 heads and tails, in registers for the whole loop. H200, D = 128, N = 4k, kernel /
+        # SDPA-efficient in one run: 1.19 -> 1.28, causal 1.14 -> 1.25 (ieee: 0.27 either way, so it keeps Q).
+        q_in_loop = d_split and precision == "tf32x3"
         # a split head dim is not combined with split-KV (fp32 decode, rare, runs unsplit)
         splits, keys_per_split = (1, Nk) if d_split else split_plan(B, H, Nq, Nk, bm, bn, q.device)
         if splits > 1:
@@ -515,7 +547,7 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
                     *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
                     H, Nq, Nk, keys_per_split, desc_k, desc_v,
                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=launch_block_d(D, q.dtype), HEAD_DIM=D,
-                    SPLIT=splits > 1, D_SPLIT=d_split,
+                    SPLIT=splits > 1, D_SPLIT=d_split, Q_IN_LOOP=q_in_loop,
                     IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0, USE_TMA=use_tma,
                     # fp32 products as precision says (attention_tf32x3 is the verify entry of "tf32x3").
                     # guards: mutants fp32_tf32_dot, tf32x3_single_pass (GPU); case fp32_precision

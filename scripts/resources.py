@@ -45,10 +45,12 @@ def compile_kernel(dtype, D, config, causal, arch):
     bm, bn, warps, stages = config
     names = list(_attn_fwd.arg_names)
     torch_dtype = TORCH_DTYPE[dtype]
-    # the pointer path, unsplit keys (tensor-descriptor arguments need a GPU to describe)
+    # the pointer path, unsplit keys, ieee (tensor-descriptor arguments need a GPU to describe; Q_IN_LOOP is
+    # tf32x3's)
     constants = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=launch_block_d(D, torch_dtype), HEAD_DIM=D,
                      IS_CAUSAL=causal, STORE_LSE=False, NEGATIVE_SCALE=False, INPUT_PRECISION="ieee", SPLIT=False,
-                     USE_TMA=False, D_SPLIT=head_dim_split(D, torch_dtype), DescK=None, DescV=None)
+                     USE_TMA=False, D_SPLIT=head_dim_split(D, torch_dtype), Q_IN_LOOP=False, DescK=None,
+                     DescV=None)
     signature = {}
     for name in names:
         if name in constants:

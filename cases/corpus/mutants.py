@@ -555,16 +555,22 @@ MUTANTS = [
            "row pitch",
            _STRIDES + " (one tensor's stride for another's)", ("batch_heads_mixed_causal", "layout_mixed_many_keys")),
     Mutant("q_head_dim_stride_assumed_1", "fused",
-           "offs_d[None, :] * stride_qk, mask=q_mask", "offs_d[None, :], mask=q_mask",
+           "q = q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk",
+           "q = q_base + offs_m[:, None] * stride_qm + offs_d[None, :]",
            "Q's head-dim stride assumed to be 1: a Q with unit stride along N (a transposed view) is read "
            "wrongly",
            _STRIDES, ("layout_d_major",)),
     Mutant("query_block_from_wrong_axis", "fused",
-           "start_m = (tl.program_id(0) % m_blocks) * BLOCK_M", "start_m = (tl.program_id(0) // m_blocks) * BLOCK_M",
+           "m_block = tl.program_id(0) % m_blocks", "m_block = tl.program_id(0) // m_blocks",
            "the query block index decoded as the (batch, head) index from the one grid axis: every program of "
            "a head computes the same rows, and the others stay unwritten or are written past the queries "
            "(invisible when B = H = 1 with one query block)",
            _OTHER + " (wrong program-id axis)", ("batch_heads", "partial_last_query_block")),
+    Mutant("causal_heaviest_first_off_by_one", "fused",
+           "m_block = m_blocks - 1 - m_block", "m_block = m_blocks - m_block",
+           "the causal launch order (a head's heaviest query block first) reversed without its -1: the first "
+           "query block is never computed (its rows stay unwritten) and one program works past the last query",
+           _OTHER + " (index reversal, as in load-balancing schedules)", ("causal_square", "causal_nq_gt_nk")),
     # --- the unfused baseline ----------------------------------------------------------------------
     Mutant("unfused_kv_mask_plus", "unfused",
            "k = tl.load(k_ptrs, mask=(offs_n[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM), other=0.0)",
@@ -639,6 +645,11 @@ MUTANTS = [
            "the head-dim mask of the second half ignores its column offset: columns past D (111..127) are read, "
            "from the next row and, past the last row, from memory the tensor does not own",
            _D_SPLIT, ("head_dim_111",)),
+    Mutant("q_in_loop_unmasked", "fused",
+           "x = tl.load(q, mask=q_mask, other=0.0)", "x = tl.load(q)",
+           "the Q tile that tf32x3 reads again for every key block is read without its mask: its padded head-dim "
+           "columns (111..127) hold the next row's values, and past the last row memory the tensor does not own",
+           _D_SPLIT + " (Q re-read in the loop)", ("head_dim_111",), entry="attention_tf32x3"),
     Mutant("unfused_scores_unwritten", "unfused",
            "triton.cdiv(Nk, bn), B * H)]", "Nk // bn, B * H)]",
            "the scores grid's key axis rounds down: the partial last key tile is never written and the "
