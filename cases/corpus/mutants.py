@@ -555,8 +555,8 @@ MUTANTS = [
            "row pitch",
            _STRIDES + " (one tensor's stride for another's)", ("batch_heads_mixed_causal", "layout_mixed_many_keys")),
     Mutant("q_head_dim_stride_assumed_1", "fused",
-           "q = q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk",
-           "q = q_base + offs_m[:, None] * stride_qm + offs_d[None, :]",
+           "q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk,",
+           "q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :],",
            "Q's head-dim stride assumed to be 1: a Q with unit stride along N (a transposed view) is read "
            "wrongly",
            _STRIDES, ("layout_d_major",)),
@@ -645,10 +645,10 @@ MUTANTS = [
            "the head-dim mask of the second half ignores its column offset: columns past D (111..127) are read, "
            "from the next row and, past the last row, from memory the tensor does not own",
            _D_SPLIT, ("head_dim_111",)),
-    Mutant("q_in_loop_unmasked", "fused",
-           "x = tl.load(q, mask=q_mask, other=0.0)", "x = tl.load(q)",
-           "the Q tile that tf32x3 reads again for every key block is read without its mask: its padded head-dim "
-           "columns (111..127) hold the next row's values, and past the last row memory the tensor does not own",
+    Mutant("q_in_loop_columns_unclamped", "fused",
+           "q1_cols = tl.minimum(offs_d1, HEAD_DIM - 1)", "q1_cols = offs_d1",
+           "the second head-dim half of the re-read Q tile is read at its padded columns (111..127): the next "
+           "row's values and, past the last row, memory the tensor does not own",
            _D_SPLIT + " (Q re-read in the loop)", ("head_dim_111",), entry="attention_tf32x3"),
     Mutant("unfused_scores_unwritten", "unfused",
            "triton.cdiv(Nk, bn), B * H)]", "Nk // bn, B * H)]",
