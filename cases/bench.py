@@ -654,7 +654,8 @@ def show(path):
     meta = document["meta"]
     rows = [row_from_record(r) for r in document["results"]]
     print(f"{meta['tool']} {meta['options']} on {meta.get('gpu') or meta.get('device')}, torch {meta['torch']}, "
-          f"triton {meta['triton']}, {meta['date']}")
+          f"triton {meta['triton']}, {meta['date']}" + (f"; kernel {meta['kernel_source']}" if "kernel_source" in meta
+                                                         else ""))
     print(format_table(rows))
     print()
     print(format_summary(summarize(rows)))
@@ -766,6 +767,27 @@ def options_text(args):
     return " ".join(parts)
 
 
+def kernel_source(path):
+    """What kernel was measured: the sha256 of its source file (12 hex digits), and where the file lies in a git
+    checkout, the commit, marked "+modified" when the file differs from it (a device copy of a working tree may
+    have no .git: the hash still names the source)."""
+    import hashlib
+    import subprocess
+    from pathlib import Path
+
+    path = Path(path)
+    text = f"{path.name} sha256 {hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
+    try:
+        git = ["git", "-C", str(path.parent)]
+        commit = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        modified = subprocess.run(git + ["diff", "--quiet", "HEAD", "--", path.name], timeout=10).returncode != 0
+        text += f", commit {commit}" + ("+modified" if modified else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return text
+
+
 def collect_meta(rt, args, date):
     torch = rt.torch
     meta = {"tool": "flashcheck bench", "options": options_text(args), "date": date}
@@ -782,7 +804,8 @@ def collect_meta(rt, args, date):
                  "check": "max|kernel - SDPA| <= tol * max|SDPA|, tol " +
                           ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items()),
                  "kernel_blocks": (f"{args.blocks[0]}x{args.blocks[1]} (--blocks)" if args.blocks
-                                   else "flashcheck.kernel.fused.default_blocks")})
+                                   else "flashcheck.kernel.fused.default_blocks"),
+                 "kernel_source": kernel_source(rt.fused.__file__)})
     return meta
 
 

@@ -254,7 +254,8 @@ def test_smoke_end_to_end(tmp_path, capsys):
     out = capsys.readouterr()
     assert "k/flash" in out.out and "[1/1] smoke fp32" in out.err
     meta, (row,) = _read_csv(tmp_path / "smoke.csv")
-    assert {"torch", "triton", "date", "timer"} <= set(meta)
+    assert {"torch", "triton", "date", "timer", "kernel_source"} <= set(meta)
+    assert meta["kernel_source"].startswith("fused.py sha256 "), meta["kernel_source"]
     assert ("gpu" in meta) != ("device" in meta)
     assert (row["kernel_status"], row["check"]) == ("ok", "ok")
     assert float(row["kernel_tflops"]) > 0 and float(row["max_abs_diff"]) <= 1e-3 * float(row["ref_max_abs"])
