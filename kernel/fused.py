@@ -188,9 +188,9 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     m_block = tl.program_id(0) % m_blocks
     if IS_CAUSAL:
         # Heaviest first: under the causal mask a query block's work grows with its index, so each head's last
-        # block runs first and the light ones fill the grid's tail (H200, fp16, D = 128, N = 16k, kernel /
-        # SDPA-cuDNN in one run: 0.935 -> 0.975; the other paper shapes within noise).
-        # guards: mutant causal_heaviest_first_off_by_one; cases causal_nq_gt_nk, partial_last_query_block
+        # block runs first and the light ones fill the grid's tail (H200, kernel / SDPA-cuDNN, fp16 and bf16,
+        # N = 4k-16k, interleaved in one process: +0.5 to +1.5 % causal; fp16 D = 128, N = 16k, one run: 0.935 ->
+        # 0.975). guards: mutant causal_heaviest_first_off_by_one; cases causal_square, causal_nq_gt_nk
         m_block = m_blocks - 1 - m_block
     start_m = m_block * BLOCK_M
     off_bh = tl.program_id(0) // m_blocks
@@ -215,11 +215,12 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     # guards: mutants q_head_dim_stride_assumed_1, query_block_from_wrong_axis; case layout_d_major
     if Q_IN_LOOP:
         # A pointer tile that the loop reads again for every key block (tf32x3 at a split head dim, see attention):
-        # unmasked, because a masked load is hoisted out of the loop and kept in registers again (H200: 1.18 of
-        # SDPA-efficient against 1.29 unmasked). So its pointers stay inside the tensor instead: rows past Nq read
-        # the last row again (their output is never stored) and, below, padded columns read column D - 1 (they
-        # meet K's zero-filled columns in the dot: finite values times 0 add 0). The row clamp only keeps the reads
-        # inside the tensor, which no output shows (flashcheck sanitize does). guards: mutant
+        # unmasked, because Triton hoists a masked loop-invariant load out of the loop, and Q is held in registers
+        # again (H200, D = 128: 1.18 of SDPA-efficient masked against 1.29 unmasked). So its pointers stay inside
+        # the tensor instead: rows past Nq read the last row again (their output is never stored) and, below,
+        # padded columns read column D - 1 (they meet K's zero-filled columns in the dot: finite values times 0
+        # add 0). The row clamp only keeps the reads inside the tensor, which no output shows (compute-sanitizer,
+        # as flashcheck sanitize runs it, sees a read past the tensor's end). guards: mutant
         # q_in_loop_columns_unclamped; case head_dim_111
         q_rows = tl.minimum(offs_m, Nq - 1)
         q = q_base + q_rows[:, None] * stride_qm + offs_d[None, :] * stride_qk
@@ -529,8 +530,9 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
         d_split = head_dim_split(D, q.dtype)
         # tf32x3 at a split head dim reads the Q tile again for every key block (from L1/L2) instead of holding
         # it, split in tf32 heads and tails, in registers for the whole loop (fewer spills). H200, D = 128, N = 4k,
-        # kernel / SDPA-efficient in one run: 1.19 -> 1.28, causal 1.14 -> 1.25 (ieee: 0.27 either way, so it
-        # keeps Q).
+        # kernel / SDPA-efficient in one process: Q held 1.19, causal 1.13; an unmasked read 1.29 and 1.25 (this
+        # clamped read compiles to the same loads; its own speed is not yet measured). ieee: 0.27 either way, so
+        # it keeps Q.
         q_in_loop = d_split and precision == "tf32x3"
         # a split head dim is not combined with split-KV (fp32 decode, rare, runs unsplit)
         splits, keys_per_split = (1, Nk) if d_split else split_plan(B, H, Nq, Nk, bm, bn, q.device)
