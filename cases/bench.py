@@ -29,11 +29,13 @@ best per shape and per group, for tuning flashcheck.kernel.fused.default_blocks.
 import argparse
 import csv
 import datetime
+import hashlib
 import json
 import math
 import platform
 import re
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -771,10 +773,6 @@ def kernel_source(path):
     """What kernel was measured: the sha256 of its source file (12 hex digits), and where the file lies in a git
     checkout, the commit, marked "+modified" when the file differs from it (a device copy of a working tree may
     have no .git: the hash still names the source)."""
-    import hashlib
-    import subprocess
-    from pathlib import Path
-
     path = Path(path)
     text = f"{path.name} sha256 {hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
     try:
