@@ -213,6 +213,7 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     # multiply per score; this kernel scales the fp32 scores instead, because Q * scale rounded back to
     # fp16/bf16 loses bits that large scores need (fp16, raw scores ~1e4, D = 256: error 0.08 against 0.001).
     # guards: mutants q_head_dim_stride_assumed_1, query_block_from_wrong_axis; case layout_d_major
+    q_rows = offs_m
     if Q_IN_LOOP:
         # A pointer tile that the loop reads again for every key block (tf32x3 at a split head dim, see attention):
         # unmasked, because Triton hoists a masked loop-invariant load out of the loop, and Q is held in registers
@@ -223,9 +224,9 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         # as flashcheck sanitize runs it, sees a read past the tensor's end). guards: mutant
         # q_in_loop_columns_unclamped; case head_dim_111
         q_rows = tl.minimum(offs_m, Nq - 1)
-        q = q_base + q_rows[:, None] * stride_qm + offs_d[None, :] * stride_qk
-    else:
-        q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk, mask=q_mask, other=0.0)
+    q = q_base + q_rows[:, None] * stride_qm + offs_d[None, :] * stride_qk
+    if not Q_IN_LOOP:
+        q = tl.load(q, mask=q_mask, other=0.0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -235,14 +236,13 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         # its mask serves the load of Q and the store of the output alike
         offs_d1 = BLOCK_D + offs_d
         mask1 = (offs_m[:, None] < Nq) & (offs_d1[None, :] < HEAD_DIM)
+        q1_cols = offs_d1
         if Q_IN_LOOP:
-            if HEAD_DIM < 2 * BLOCK_D:
+            if HEAD_DIM < 2 * BLOCK_D:   # only padded columns are clamped (a clamp hides the columns' contiguity)
                 q1_cols = tl.minimum(offs_d1, HEAD_DIM - 1)
-            else:
-                q1_cols = offs_d1   # no padded column (a clamp would hide the columns' contiguity from the loads)
-            q1 = q_base + q_rows[:, None] * stride_qm + q1_cols[None, :] * stride_qk
-        else:
-            q1 = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d1[None, :] * stride_qk, mask=mask1, other=0.0)
+        q1 = q_base + q_rows[:, None] * stride_qm + q1_cols[None, :] * stride_qk
+        if not Q_IN_LOOP:
+            q1 = tl.load(q1, mask=mask1, other=0.0)
         acc1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     else:
         q1 = q

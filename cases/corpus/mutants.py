@@ -555,8 +555,8 @@ MUTANTS = [
            "row pitch",
            _STRIDES + " (one tensor's stride for another's)", ("batch_heads_mixed_causal", "layout_mixed_many_keys")),
     Mutant("q_head_dim_stride_assumed_1", "fused",
-           "q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk,",
-           "q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :],",
+           "q = q_base + q_rows[:, None] * stride_qm + offs_d[None, :] * stride_qk",
+           "q = q_base + q_rows[:, None] * stride_qm + offs_d[None, :]",
            "Q's head-dim stride assumed to be 1: a Q with unit stride along N (a transposed view) is read "
            "wrongly",
            _STRIDES, ("layout_d_major",)),

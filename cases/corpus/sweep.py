@@ -64,14 +64,10 @@ EQUIVALENT = {
         "same values (slower only)",
     'drop statement | tl.static_assert(not (SPLIT and D_SPLIT), "split-KV and a split head dim are not combined") '
     "| #1": "a compile-time check only: the host never launches SPLIT with D_SPLIT, so nothing it guards runs",
-    "other=0.0 -> other=1.0 | q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk, "
-    "mask=q_mask, other=0.0) | #1": _Q_FILL,
-    "const 0.0 -> -1.0 | q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk, "
-    "mask=q_mask, other=0.0) | #1": _Q_FILL,
-    "other=0.0 -> other=1.0 | q1 = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d1[None, :] * stride_qk, "
-    "mask=mask1, other=0.0) | #1": _Q_FILL,
-    "const 0.0 -> -1.0 | q1 = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d1[None, :] * stride_qk, "
-    "mask=mask1, other=0.0) | #1": _Q_FILL,
+    "other=0.0 -> other=1.0 | q = tl.load(q, mask=q_mask, other=0.0) | #1": _Q_FILL,
+    "const 0.0 -> -1.0 | q = tl.load(q, mask=q_mask, other=0.0) | #1": _Q_FILL,
+    "other=0.0 -> other=1.0 | q1 = tl.load(q1, mask=mask1, other=0.0) | #1": _Q_FILL,
+    "const 0.0 -> -1.0 | q1 = tl.load(q1, mask=mask1, other=0.0) | #1": _Q_FILL,
     "drop statement | m_block = m_blocks - 1 - m_block | #1":
         "the causal heaviest-first order only changes which program computes a query block when, not what it "
         "computes: without it, block i is still computed once, by program i",
