@@ -15,7 +15,7 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 EXPANSIONS = {None: tuple(DTYPES), "half": ("fp16", "bf16")}
 # q, k, v, out each sit in a buffer of their own; the layout says how (see cases/inputs.py):
 LAYOUTS = ("contiguous", "bthd", "gapped", "d_major", "mixed")
-DATA = ("randn", "large", "very_negative", "equal_scores", "explicit", "nan_input")
+DATA = ("randn", "large", "very_negative", "equal_scores", "explicit", "nan_input", "negative_first_keys")
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ class Case:
     exact: bool = False          # the hand value must come out bit-exact (e.g. 7.5)
     gpu_only: str = ""           # why only the compiled GPU path can judge this case (skipped on CPU)
     sample_heads: int = 0        # > 0, huge cases: inputs made on the device, this many (b, h) judged
-    magnitude: float = None      # data="large": the typical |q . k| (default 1e4, 1e3 in fp16/bf16)
+    magnitude: float = None      # data="large": the typical |q . k| (default 1e4, 1e3 in fp16/bf16);
+    #                              data="negative_first_keys": how negative the first keys score (default 1e9)
 
     def __post_init__(self):
         if self.dtype not in DTYPES and self.dtype not in EXPANSIONS:
@@ -56,8 +57,9 @@ class Case:
             raise ValueError(f"case {self.name}: data {self.data!r} not in {DATA}")
         if min(self.B, self.H, self.Nq, self.Nk, self.D) < 0 or self.Nk < 1 or self.D < 1:
             raise ValueError(f"case {self.name}: needs B, H, Nq >= 0 and Nk, D >= 1")
-        if self.magnitude is not None and (self.data != "large" or not self.magnitude > 0):
-            raise ValueError(f"case {self.name}: magnitude (> 0) goes with data='large'")
+        if self.magnitude is not None and (self.data not in ("large", "negative_first_keys")
+                                           or not self.magnitude > 0):
+            raise ValueError(f"case {self.name}: magnitude (> 0) goes with data='large' or 'negative_first_keys'")
         if self.data == "explicit" and (self.q is None or self.k is None or self.v is None):
             raise ValueError(f"case {self.name}: data='explicit' needs q, k and v")
 

@@ -99,6 +99,12 @@ CATALOGUE = [
     Case("huge_scores_negative_scale", why="huge_scores with a negative scale: the row max is the scaled min",
          Nq=40, Nk=130, D=128, data="large", magnitude=2e9, scale=-0.08838834764831845, block_m=32, block_n=32,
          seed=62),
+    Case("huge_negative_first_keys",
+         why="the first 150 keys score about -4e9 with every query (scaled about -7e8), the other 150 as randn "
+             "does: the running max starts hugely negative and ends ordinary, so a check of the last row max "
+             "alone misses the first blocks, where a fused multiply-add shift overflows P",
+         Nq=40, Nk=300, D=64, dtype="half", data="negative_first_keys", magnitude=4e9, block_m=32, block_n=32,
+         seed=65),
     Case("extreme_scores_fp32",
          why="|q.k| of about 1e36, near where fp32 scores end: any slack in the subtraction of the row max is "
              "thousands of ulps of exp2's input (inf, or a row of zeros)",

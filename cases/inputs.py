@@ -143,6 +143,13 @@ def values(case, device="cpu"):
             # and 0/0 unless the max is subtracted
             big = (150.0 * D ** 0.5) ** 0.5 if half else 100.0
             q[..., 0], k[..., 0] = big, -big
+        elif case.data == "negative_first_keys":
+            # the first half of the keys score about -magnitude with every query, the rest as randn does: a
+            # row's running max starts hugely negative and ends ordinary (the largest shift in magnitude comes
+            # first, not last)
+            big = (case.magnitude or 1e9) ** 0.5
+            q[..., 0] = big
+            k[..., : (Nk + 1) // 2, 0], k[..., (Nk + 1) // 2:, 0] = -big, 0.0
         elif case.data == "equal_scores":
             k = k[:, :, :1, :].expand(B, H, Nk, D).clone()   # one key repeated: every score of a row equal
         elif case.data == "nan_input":

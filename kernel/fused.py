@@ -23,6 +23,7 @@ Cost: reads B*H*(Nq + 2*Nk)*D elements, writes B*H*Nq*D (+ B*H*Nq for the log-su
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from flashcheck.kernel._protocol import check_attention_inputs, check_launch, interpreter_active
 
@@ -76,15 +77,31 @@ def _q_tile(q, Q_IN_LOOP: tl.constexpr):
 
 
 @triton.jit
-def _attn_fwd_inner(acc, acc1, l_i, m_i, q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, stride_vk,
+def _times_scale(qk, qk_scale, EXACT: tl.constexpr, MUL_RN: tl.constexpr):
+    """qk * qk_scale; in the EXACT pass rounded on its own (mul.rn), so that no later subtraction of the row max
+    can fuse with it into one multiply-add (see _attn_fwd_keys). The interpreter never fuses (MUL_RN False)."""
+    if EXACT:
+        if MUL_RN:
+            x = libdevice.mul_rn(qk, qk_scale)
+        else:
+            x = qk * qk_scale
+    else:
+        x = qk * qk_scale
+    return x
+
+
+@triton.jit
+def _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, stride_vk,
                     desc_k, desc_v, off_b, off_h, qk_scale, start_m, lo, hi, Nk, causal_shift,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
                     NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-                    D_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr):
+                    D_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, EXACT: tl.constexpr, MUL_RN: tl.constexpr):
     """Fold key blocks [lo, hi) into the running state (m_i, l_i, acc; with D_SPLIT, acc1 holds the output's
     second half of head-dim columns and q1 the queries' second half). With Q_IN_LOOP, q and q1 are pointer tiles
-    that every key block reads again (see attention).
+    that every key block reads again (see attention). big marks the rows whose row max has reached the
+    magnitude where the fused pass is no longer exact enough (see _attn_fwd_keys); EXACT is the pass that
+    replaces them.
 
     MASKED=False is the fast path for blocks every row of this program fully sees: no key mask, no causal
     mask. MASKED=True handles the rest: the partial last key block and the blocks that cross the causal
@@ -110,7 +127,7 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, q, q1, k_ptrs, v_ptrs, stride_kn, strid
                           BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
             qk = tl.dot(_q_tile(q1, Q_IN_LOOP), tl.trans(k1), qk, input_precision=INPUT_PRECISION)
         if MASKED:
-            qk = qk * qk_scale
+            qk = _times_scale(qk, qk_scale, EXACT, MUL_RN)
             # The score mask varies along the KEY axis ([None, :] on S); the K/V load mask has the wrong
             # axes (key rows x head-dim columns). guards: mutant score_mask_wrong_axis, case block_m_gt_block_n
             # (and mutants score_mask_from_kv_mask, score_mask_nq)
@@ -129,17 +146,24 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, q, q1, k_ptrs, v_ptrs, stride_kn, strid
             qk = qk - m_shift[:, None]
         else:
             # Fast path: the row max of the raw scores, scaled once per row (scale < 0 turns the min into
-            # the max), then qk * qk_scale - m per score. The launch disables fp fusion: a fused multiply-add
-            # would subtract the ROUNDED max from the UNROUNDED product, leaving the row's max at up to half an
-            # ulp of the scaled score instead of exactly 0, and exp2 of that overflows (inf/NaN) once scores
-            # pass ~5e8 (fp16: P rounded to fp16) or ~3e9 (fp32, bf16). guards: cases
-            # negative_scale_large_scores, large_scores_whole_blocks; mutant fast_path_max_ignores_sign
+            # the max), then qk * qk_scale - m per score: one fused multiply-add, except in the EXACT pass
+            # (see _attn_fwd_keys). guards: cases negative_scale_large_scores, large_scores_whole_blocks; mutant
+            # fast_path_max_ignores_sign
             if NEGATIVE_SCALE:
                 m_new = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
             else:
                 m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_shift = m_new
-            qk = qk * qk_scale - m_shift[:, None]
+            qk = _times_scale(qk, qk_scale, EXACT, MUL_RN) - m_shift[:, None]
+        if not EXACT:
+            # A fused multiply-add subtracts the ROUNDED row max from the UNROUNDED product: the max score lands
+            # up to half an ulp of the row max off 0, not exactly at 0. Below 2^24 that is at most 0.5 (exp2 of
+            # it within [0.7, 1.4]); from about 2^28 on it overflows P in fp16 or flushes the row to 0, and
+            # from 2^31 on exp2 itself overflows. Every block's shift counts: the max only grows, so a hugely
+            # negative first block is flagged although the last one is small. guards: mutants
+            # big_rows_final_max_only, big_rows_threshold_2_31; cases huge_scores[fp16],
+            # huge_negative_first_keys[fp16]
+            big = big | (tl.abs(m_shift) >= 16777216.0)   # 2^24
         # c = exp(m_old - m_new) <= 1 rescales BOTH l and acc (the FA2 paper's printed 1/c for acc is wrong).
         # guards: mutants rescale_paper_inverse, l_not_rescaled, acc_not_rescaled; the state stays fp32 and the
         # new max keeps the old one: mutants acc_in_input_dtype, l_in_input_dtype, m_new_drops_old_max
@@ -158,7 +182,46 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, q, q1, k_ptrs, v_ptrs, stride_kn, strid
         # each pointer advances by its own tensor's row stride. guards: mutant kv_advance_wrong_stride
         k_ptrs += BLOCK_N * stride_kn
         v_ptrs += BLOCK_N * stride_vn
-    return acc, acc1, l_i, m_i
+    return acc, acc1, l_i, m_i, big
+
+
+@triton.jit
+def _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, stride_vk, desc_k, desc_v, off_b, off_h,
+                   qk_scale, start_m, fast_lo, fast_hi, masked_lo, masked_hi, Nk, causal_shift,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   IS_CAUSAL: tl.constexpr, NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                   USE_TMA: tl.constexpr, D_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, EXACT: tl.constexpr,
+                   MUL_RN: tl.constexpr):
+    """The whole key range of one program from a fresh state: the fast blocks [fast_lo, fast_hi), then the
+    masked ones [masked_lo, masked_hi). Returns (acc, acc1, l, m, big).
+
+    The kernel compiles with fp fusion on, so the first pass (EXACT False) scales and shifts each score in one
+    fused multiply-add, which is only exact enough while the row max stays below 2^24 in magnitude (see the
+    fast path); it marks the rows that reach it in big. _attn_fwd then runs the program's keys again with
+    EXACT True, whose product is rounded on its own: every score minus the row max is then exact at the max,
+    whatever the magnitude. No real workload reaches 2^24 (the scaled scores are log2 units), so the second
+    pass costs nothing there. H200, fp16/bf16: fusion off everywhere instead ran 4 to 8 % slower."""
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    big = tl.zeros([BLOCK_M], dtype=tl.int1)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if D_SPLIT:
+        acc1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    else:
+        acc1 = acc
+    acc, acc1, l_i, m_i, big = _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn,
+                                               stride_vn, stride_kk, stride_vk, desc_k, desc_v, off_b, off_h,
+                                               qk_scale, start_m, fast_lo, fast_hi, Nk, causal_shift,
+                                               BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, False, IS_CAUSAL,
+                                               NEGATIVE_SCALE, INPUT_PRECISION, USE_TMA, D_SPLIT, Q_IN_LOOP,
+                                               EXACT, MUL_RN)
+    acc, acc1, l_i, m_i, big = _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn,
+                                               stride_vn, stride_kk, stride_vk, desc_k, desc_v, off_b, off_h,
+                                               qk_scale, start_m, masked_lo, masked_hi, Nk, causal_shift,
+                                               BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, True, IS_CAUSAL,
+                                               NEGATIVE_SCALE, INPUT_PRECISION, USE_TMA, D_SPLIT, Q_IN_LOOP,
+                                               EXACT, MUL_RN)
+    return acc, acc1, l_i, m_i, big
 
 
 @triton.jit
@@ -172,7 +235,7 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
               NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
-              USE_TMA: tl.constexpr, D_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr):
+              USE_TMA: tl.constexpr, D_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, MUL_RN: tl.constexpr):
     """One (query block, batch x head) program; with SPLIT, one (query block, batch x head, key split)
     program that folds only keys [split * keys_per_split, (split + 1) * keys_per_split) and writes its partial
     state (Out: fp32 (B*H, splits, Nq, HEAD_DIM) output normalised by its own l; Lse: fp32 (B*H, splits, Nq)
@@ -228,9 +291,6 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     if not Q_IN_LOOP:
         q = tl.load(q, mask=q_mask, other=0.0)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if D_SPLIT:
         # the second half of the head dim (columns BLOCK_D .. 2 * BLOCK_D), masked past HEAD_DIM like the first;
         # its mask serves the load of Q and the store of the output alike
@@ -243,10 +303,8 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         q1 = q_base + q_rows[:, None] * stride_qm + q1_cols[None, :] * stride_qk
         if not Q_IN_LOOP:
             q1 = tl.load(q1, mask=mask1, other=0.0)
-        acc1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     else:
         q1 = q
-        acc1 = acc
 
     k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
     v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vk
@@ -274,16 +332,20 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         masked_lo, masked_hi = tl.maximum(full_hi, split_lo), tl.minimum(hi, split_hi)
     else:
         fast_lo, fast_hi, masked_lo, masked_hi = 0, full_hi, full_hi, hi
-    acc, acc1, l_i, m_i = _attn_fwd_inner(acc, acc1, l_i, m_i, q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                                          stride_kk, stride_vk, DescK, DescV, off_b, off_h,
-                                          qk_scale, start_m, fast_lo, fast_hi, Nk, causal_shift,
-                                          BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, False, IS_CAUSAL, NEGATIVE_SCALE,
-                                          INPUT_PRECISION, USE_TMA, D_SPLIT, Q_IN_LOOP)
-    acc, acc1, l_i, m_i = _attn_fwd_inner(acc, acc1, l_i, m_i, q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                                          stride_kk, stride_vk, DescK, DescV, off_b, off_h,
-                                          qk_scale, start_m, masked_lo, masked_hi, Nk, causal_shift,
-                                          BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, True, IS_CAUSAL, NEGATIVE_SCALE,
-                                          INPUT_PRECISION, USE_TMA, D_SPLIT, Q_IN_LOOP)
+    acc, acc1, l_i, m_i, big = _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, stride_vk,
+                                              DescK, DescV, off_b, off_h, qk_scale, start_m, fast_lo, fast_hi,
+                                              masked_lo, masked_hi, Nk, causal_shift, BLOCK_M, BLOCK_N, BLOCK_D,
+                                              HEAD_DIM, IS_CAUSAL, NEGATIVE_SCALE, INPUT_PRECISION, USE_TMA,
+                                              D_SPLIT, Q_IN_LOOP, False, MUL_RN)
+    if tl.max(big.to(tl.int32), 0) > 0:
+        # Some row's max reached 2^24: the fused pass is not exact enough there (see _attn_fwd_keys), so the
+        # whole program runs its keys again with the product rounded on its own. guards: mutants
+        # exact_pass_never, exact_pass_fused (GPU); cases huge_scores[fp16], extreme_scores_fp32, extreme_scores_bf16
+        acc, acc1, l_i, m_i, big = _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk,
+                                                  stride_vk, DescK, DescV, off_b, off_h, qk_scale, start_m, fast_lo,
+                                                  fast_hi, masked_lo, masked_hi, Nk, causal_shift, BLOCK_M,
+                                                  BLOCK_N, BLOCK_D, HEAD_DIM, IS_CAUSAL, NEGATIVE_SCALE,
+                                                  INPUT_PRECISION, USE_TMA, D_SPLIT, Q_IN_LOOP, True, MUL_RN)
     if SPLIT:
         # The partial state of this split: its output normalised by its own l (l = 0 when no row key fell in
         # it: divide by 1, not 0, or 0/0 = NaN reaches the combine, where a zero weight times NaN is still
@@ -563,17 +625,15 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
                     *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
                     H, Nq, Nk, keys_per_split, desc_k, desc_v,
                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=launch_block_d(D, q.dtype), HEAD_DIM=D,
-                    SPLIT=splits > 1, D_SPLIT=d_split, Q_IN_LOOP=q_in_loop,
+                    SPLIT=splits > 1, D_SPLIT=d_split, Q_IN_LOOP=q_in_loop, MUL_RN=not interpreter_active(),
                     IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0, USE_TMA=use_tma,
                     # fp32 products as precision says (attention_tf32x3 is the verify entry of "tf32x3").
                     # guards: mutants fp32_tf32_dot, tf32x3_single_pass (GPU); case fp32_precision
                     INPUT_PRECISION=precision if q.dtype == torch.float32 else "ieee",
                     num_warps=num_warps, num_stages=num_stages,
-                    # no fused multiply-add: every score minus the row max is then exact at the max (see the fast
-                    # path). H200, fp16/bf16, D = 64 and 128, N = 4k and 8k: 2 to 6 % slower than with fusion. Only
-                    # the GPU shows it: the interpreter never fuses. guards: mutant fp_fusion_on; cases huge_scores,
-                    # huge_scores_negative_scale, extreme_scores_fp32, extreme_scores_bf16
-                    enable_fp_fusion=False)
+                    # fused multiply-adds, made exact where they would not be by a second pass (_attn_fwd_keys).
+                    # Only the GPU fuses: the interpreter computes in NumPy.
+                    enable_fp_fusion=True)
                 break
             except OutOfResources:
                 if fixed_stages or num_stages == 1:

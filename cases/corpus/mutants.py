@@ -276,7 +276,13 @@ _D_SPLIT = "issue 13: fp32 D = 128 in two halves of the head dim"
 _PASS_NQ = (("start_m, lo, hi, Nk, causal_shift,", "start_m, lo, hi, Nk, Nq, causal_shift,"),
             ("start_m, fast_lo, fast_hi, Nk, causal_shift,", "start_m, fast_lo, fast_hi, Nk, Nq, causal_shift,"),
             ("start_m, masked_lo, masked_hi, Nk, causal_shift,",
-             "start_m, masked_lo, masked_hi, Nk, Nq, causal_shift,"))
+             "start_m, masked_lo, masked_hi, Nk, Nq, causal_shift,"),
+            ("fast_hi, masked_lo, masked_hi, Nk, causal_shift,\n",
+             "fast_hi, masked_lo, masked_hi, Nk, Nq, causal_shift,\n"),
+            ("masked_lo, masked_hi, Nk, causal_shift, BLOCK_M, BLOCK_N,",
+             "masked_lo, masked_hi, Nk, Nq, causal_shift, BLOCK_M, BLOCK_N,"),
+            ("fast_hi, masked_lo, masked_hi, Nk, causal_shift, BLOCK_M,\n",
+             "fast_hi, masked_lo, masked_hi, Nk, Nq, causal_shift, BLOCK_M,\n"))
 
 MUTANTS = [
     # --- masks and sentinels -------------------------------------------------------------------------
@@ -443,13 +449,35 @@ MUTANTS = [
            "negative scale that is the smallest scaled score, so exp2(s - m) overflows once scores are large",
            _OTHER + " (scaling after the row max, as the fused multiply-add form does)",
            ("negative_scale_large_scores",)),
-    Mutant("fp_fusion_on", "fused",
-           "            enable_fp_fusion=False)", "            enable_fp_fusion=True)",
-           "fp fusion left on: qk * qk_scale - m becomes one fused multiply-add, which subtracts the rounded row "
-           "max from the unrounded product; the max score is then up to half an ulp off 0, and past scores of "
-           "~5e8 exp2 overflows (inf/NaN) or a one-hot row comes out 0",
-           _OTHER + " (measured on an H200: issue 13's inf/NaN at scores of 5e8 to 5e10)",
-           ("extreme_scores_fp32", "extreme_scores_bf16"),
+    Mutant("exact_pass_never", "fused",
+           "    if tl.max(big.to(tl.int32), 0) > 0:\n", "    if False:\n",
+           "the exact second pass never runs: rows whose max reaches 2^24 keep the fused multiply-add's shift, "
+           "which leaves the max score up to half an ulp of the row max off 0; past scores of ~3e8 exp2 "
+           "overflows P (inf/NaN) or flushes a row to 0",
+           _OTHER + " (measured on an H200: issue 13's inf/NaN at scores of 5e8 to 5e10 with fp fusion on)",
+           ("huge_scores[fp16]", "extreme_scores_fp32", "extreme_scores_bf16"),
+           gpu_only="the interpreter computes in NumPy, which never fuses a multiply and an add"),
+    Mutant("exact_pass_fused", "fused",
+           "            x = libdevice.mul_rn(qk, qk_scale)", "            x = qk * qk_scale",
+           "the exact pass multiplies like the fused one: without a product rounded on its own, the compiler "
+           "fuses it with the subtraction of the row max again, and the second pass repeats the first one's "
+           "overflow",
+           _OTHER + " (fp contraction: a plain multiply followed by a subtraction becomes one fused multiply-add)",
+           ("huge_scores[fp16]", "extreme_scores_fp32", "extreme_scores_bf16"),
+           gpu_only="the interpreter computes in NumPy, which never fuses a multiply and an add"),
+    Mutant("big_rows_final_max_only", "fused",
+           "big = big | (tl.abs(m_shift) >= 16777216.0)", "big = tl.abs(m_shift) >= 16777216.0",
+           "only the last key block's row max decides whether the exact pass runs: a row whose first blocks "
+           "score hugely negative (shift -7e8) and its last ones ordinarily overflows P in a first block, and "
+           "the NaN that leaves in acc survives the rescale by 0",
+           _OTHER + " (the running max only grows: the largest shift in magnitude may be the first)",
+           ("huge_negative_first_keys",),
+           gpu_only="the interpreter computes in NumPy, which never fuses a multiply and an add"),
+    Mutant("big_rows_threshold_2_31", "fused",
+           "big = big | (tl.abs(m_shift) >= 16777216.0)", "big = big | (tl.abs(m_shift) >= 2147483648.0)",
+           "the exact pass is kept for rows past 2^31, where exp2 itself overflows: between 2^28 and 2^31 the "
+           "fused shift still overflows P in fp16 (half an ulp there is 16 to 128)",
+           _OTHER + " (the fp16 range of P: exp2 of more than 16 overflows it)", ("huge_scores[fp16]",),
            gpu_only="the interpreter computes in NumPy, which never fuses a multiply and an add"),
     Mutant("exp_instead_of_exp2", "fused",
            "c = tl.math.exp2(m_i - m_shift)\n        p = tl.math.exp2(qk)",
@@ -465,18 +493,20 @@ MUTANTS = [
            _OTHER + " (log2-domain softmax)", ("custom_scale", "one_query")),
     # --- scale -------------------------------------------------------------------------------------
     Mutant("scale_twice", "fused",
-           "qk = qk * qk_scale\n", "qk = qk * qk_scale * qk_scale\n",
+           "qk = _times_scale(qk, qk_scale, EXACT, MUL_RN)\n",
+           "qk = _times_scale(qk, qk_scale, EXACT, MUL_RN) * qk_scale\n",
            "the softmax scale applied twice to the scores",
            _SEED_DECOMP + " (scale once)", ("custom_scale", "negative_scale"),
            edits=(("tl.min(qk, 1) * qk_scale)", "tl.min(qk, 1) * qk_scale * qk_scale)"),
                   ("tl.max(qk, 1) * qk_scale)", "tl.max(qk, 1) * qk_scale * qk_scale)"),
-                  ("qk = qk * qk_scale - m_shift", "qk = qk * qk_scale * qk_scale - m_shift"))),
+                  ("qk = _times_scale(qk, qk_scale, EXACT, MUL_RN) - m_shift",
+                   "qk = _times_scale(qk, qk_scale, EXACT, MUL_RN) * qk_scale - m_shift"))),
     Mutant("scale_never", "fused",
-           "            qk = qk * qk_scale\n", "",
+           "            qk = _times_scale(qk, qk_scale, EXACT, MUL_RN)\n", "",
            "the softmax scale (and the log2(e) factor the loop's exp2 needs) never applied",
            _SEED_DECOMP + " (scale once)", ("custom_scale", "scale_zero"),
            edits=(("tl.min(qk, 1) * qk_scale)", "tl.min(qk, 1))"), ("tl.max(qk, 1) * qk_scale)", "tl.max(qk, 1))"),
-                  ("qk = qk * qk_scale - m_shift", "qk = qk - m_shift"))),
+                  ("qk = _times_scale(qk, qk_scale, EXACT, MUL_RN) - m_shift", "qk = qk - m_shift"))),
     # --- causal ------------------------------------------------------------------------------------
     Mutant("causal_no_masked_row_guard", "fused",
            'm_shift = tl.where(m_new == float("-inf"), 0.0, m_new)', "m_shift = m_new",

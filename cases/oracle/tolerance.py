@@ -96,12 +96,22 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
         if half_scores:
             indep = indep + 2.0 * u * s.abs()
         # Q scaled in its own dtype: delta_ij = e_i . k_j, one error vector per row; only k's variation
-        # across keys moves the weights (centre: the midrange of each column of k, NaNs left out)
+        # across keys moves the weights, so |delta_ij - e_i . c| <= u |q_i| . |k_j - c| for any centre c of the
+        # row (e_i . c shifts the whole row). Two centres, the tighter one per row (by its p-weighted sum):
+        # the midrange of each column of k (NaNs left out), which bounds every key alike, and the keys' mean
+        # weighted by the attention they get (mean over the rows of p), which is tight where keys that get
+        # no weight lie far away in some direction (keys scoring hugely negative: their own bound there is
+        # loose, and harmless)
         nan = k.isnan()
         mid = 0.5 * (torch.where(nan, -math.inf, k).amax(2, keepdim=True)
                      + torch.where(nan, math.inf, k).amin(2, keepdim=True))
-        kc = k - mid if Nk else k
-        common = u * abs(scale) * torch.matmul(absq, kc.transpose(-1, -2).abs())
+        common = u * abs(scale) * torch.matmul(absq, (k - mid).transpose(-1, -2).abs()) if Nk else 0.0
+        if Nk:
+            p0 = torch.where(ref.p.isnan(), 0.0, ref.p)
+            wmean = torch.matmul(p0.mean(2, keepdim=True), k)
+            common_w = u * abs(scale) * torch.matmul(absq, (k - wmean).transpose(-1, -2).abs())
+            tighter = (p0 * common_w).sum(-1, keepdim=True) < (p0 * common).sum(-1, keepdim=True)
+            common = torch.where(tighter, common_w, common)
         shift = indep + common                 # for the output
         shift_lse = indep + u * dot_abs        # for the lse, which a common shift does move
     else:
