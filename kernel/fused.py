@@ -235,7 +235,8 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
               NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
-              USE_TMA: tl.constexpr, D_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, MUL_RN: tl.constexpr):
+              USE_TMA: tl.constexpr, D_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, MUL_RN: tl.constexpr,
+              TWO_PASS: tl.constexpr):
     """One (query block, batch x head) program; with SPLIT, one (query block, batch x head, key split)
     program that folds only keys [split * keys_per_split, (split + 1) * keys_per_split) and writes its partial
     state (Out: fp32 (B*H, splits, Nq, HEAD_DIM) output normalised by its own l; Lse: fp32 (B*H, splits, Nq)
@@ -336,16 +337,18 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
                                               DescK, DescV, off_b, off_h, qk_scale, start_m, fast_lo, fast_hi,
                                               masked_lo, masked_hi, Nk, causal_shift, BLOCK_M, BLOCK_N, BLOCK_D,
                                               HEAD_DIM, IS_CAUSAL, NEGATIVE_SCALE, INPUT_PRECISION, USE_TMA,
-                                              D_SPLIT, Q_IN_LOOP, False, MUL_RN)
-    if tl.max(big.to(tl.int32), 0) > 0:
-        # Some row's max reached 2^24: the fused pass is not exact enough there (see _attn_fwd_keys), so the
-        # whole program runs its keys again with the product rounded on its own. guards: mutants
-        # exact_pass_never, exact_pass_fused (GPU); cases huge_scores[fp16], extreme_scores_fp32, extreme_scores_bf16
-        acc, acc1, l_i, m_i, big = _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk,
-                                                  stride_vk, DescK, DescV, off_b, off_h, qk_scale, start_m, fast_lo,
-                                                  fast_hi, masked_lo, masked_hi, Nk, causal_shift, BLOCK_M,
-                                                  BLOCK_N, BLOCK_D, HEAD_DIM, IS_CAUSAL, NEGATIVE_SCALE,
-                                                  INPUT_PRECISION, USE_TMA, D_SPLIT, Q_IN_LOOP, True, MUL_RN)
+                                              D_SPLIT, Q_IN_LOOP, not TWO_PASS, MUL_RN)
+    if TWO_PASS:
+        if tl.max(big.to(tl.int32), 0) > 0:
+            # Some row's max reached 2^24: the fused pass is not exact enough there (see _attn_fwd_keys), so the
+            # whole program runs its keys again with the product rounded on its own. guards: mutants
+            # exact_pass_never, exact_pass_fused (GPU); cases huge_scores[fp16], extreme_scores_bf16
+            acc, acc1, l_i, m_i, big = _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk,
+                                                      stride_vk, DescK, DescV, off_b, off_h, qk_scale, start_m,
+                                                      fast_lo, fast_hi, masked_lo, masked_hi, Nk, causal_shift,
+                                                      BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, IS_CAUSAL,
+                                                      NEGATIVE_SCALE, INPUT_PRECISION, USE_TMA, D_SPLIT, Q_IN_LOOP,
+                                                      True, MUL_RN)
     if SPLIT:
         # The partial state of this split: its output normalised by its own l (l = 0 when no row key fell in
         # it: divide by 1, not 0, or 0/0 = NaN reaches the combine, where a zero weight times NaN is still
@@ -596,6 +599,12 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
         # clamped read compiles to the same loads; its own speed is not yet measured). ieee: 0.27 either way, so
         # it keeps Q.
         q_in_loop = d_split and precision == "tf32x3"
+        # fp32 "ieee" runs one exact pass (see _attn_fwd_keys) instead of a fused pass and an exact one: its FMA
+        # dots hold so many registers that the second copy of the loop spills them (triton 3.6, sm_90, D = 64:
+        # 1.9 KB of stack against none), and fusing the scale into the shift saves nothing next to those dots
+        # (H200, kernel / SDPA-efficient: D = 64 0.55 -> 0.41 with two passes). A plain multiply would fuse in
+        # this single pass too. guards: mutant exact_pass_fused; case extreme_scores_fp32
+        two_pass = not (q.dtype == torch.float32 and precision == "ieee")
         # a split head dim is not combined with split-KV (fp32 decode, rare, runs unsplit)
         splits, keys_per_split = (1, Nk) if d_split else split_plan(B, H, Nq, Nk, bm, bn, q.device)
         if splits > 1:
@@ -626,6 +635,7 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
                     H, Nq, Nk, keys_per_split, desc_k, desc_v,
                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=launch_block_d(D, q.dtype), HEAD_DIM=D,
                     SPLIT=splits > 1, D_SPLIT=d_split, Q_IN_LOOP=q_in_loop, MUL_RN=not interpreter_active(),
+                    TWO_PASS=two_pass,
                     IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0, USE_TMA=use_tma,
                     # fp32 products as precision says (attention_tf32x3 is the verify entry of "tf32x3").
                     # guards: mutants fp32_tf32_dot, tf32x3_single_pass (GPU); case fp32_precision

@@ -46,11 +46,11 @@ def compile_kernel(dtype, D, config, causal, arch):
     names = list(_attn_fwd.arg_names)
     torch_dtype = TORCH_DTYPE[dtype]
     # the pointer path, unsplit keys, ieee (tensor-descriptor arguments need a GPU to describe; Q_IN_LOOP is
-    # tf32x3's)
+    # tf32x3's), compiled as attention launches it: MUL_RN on, two passes except for fp32 (ieee), fp fusion on
     constants = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=launch_block_d(D, torch_dtype), HEAD_DIM=D,
                      IS_CAUSAL=causal, STORE_LSE=False, NEGATIVE_SCALE=False, INPUT_PRECISION="ieee", SPLIT=False,
-                     USE_TMA=False, D_SPLIT=head_dim_split(D, torch_dtype), Q_IN_LOOP=False, DescK=None,
-                     DescV=None)
+                     USE_TMA=False, D_SPLIT=head_dim_split(D, torch_dtype), Q_IN_LOOP=False, MUL_RN=True,
+                     TWO_PASS=torch_dtype != torch.float32, DescK=None, DescV=None)
     signature = {}
     for name in names:
         if name in constants:
@@ -65,7 +65,7 @@ def compile_kernel(dtype, D, config, causal, arch):
             signature[name] = "i32"
     source = ASTSource(_attn_fwd, signature, constexprs={(names.index(k),): v for k, v in constants.items()})
     return triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                          options=dict(num_warps=warps, num_stages=stages))
+                          options=dict(num_warps=warps, num_stages=stages, enable_fp_fusion=True))
 
 
 def resource_usage(kernel):
