@@ -200,7 +200,7 @@ def _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, strid
     fast path); it marks the rows that reach it in big. _attn_fwd then runs the program's keys again with
     EXACT True, whose product is rounded on its own: every score minus the row max is then exact at the max,
     whatever the magnitude. No real workload reaches 2^24 (the scaled scores are log2 units), so the second
-    pass costs nothing there. H200, fp16/bf16: fusion off everywhere instead ran 4 to 8 % slower."""
+    pass costs nothing there. H200, fp16/bf16, D = 64 and 128: fusion off everywhere ran 2 to 8 % slower."""
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     big = tl.zeros([BLOCK_M], dtype=tl.int1)
@@ -595,9 +595,8 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
         d_split = head_dim_split(D, q.dtype)
         # tf32x3 at a split head dim reads the Q tile again for every key block (from L1/L2) instead of holding
         # it, split in tf32 heads and tails, in registers for the whole loop (fewer spills). H200, D = 128, N = 4k,
-        # kernel / SDPA-efficient in one process: Q held 1.19, causal 1.13; an unmasked read 1.29 and 1.25 (this
-        # clamped read compiles to the same loads; its own speed is not yet measured). ieee: 0.27 either way, so
-        # it keeps Q.
+        # kernel / SDPA-efficient in one process: Q held 1.19, causal 1.13; this clamped read 1.28 and 1.23. ieee:
+        # 0.27 either way, so it keeps Q.
         q_in_loop = d_split and precision == "tf32x3"
         # fp32 "ieee" runs one exact pass (see _attn_fwd_keys) instead of a fused pass and an exact one: its FMA
         # dots hold so many registers that the second copy of the loop spills them (triton 3.6, sm_90, D = 64:
