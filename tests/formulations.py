@@ -1,6 +1,7 @@
 """Attention computed in ways the tolerance must accept, and in slightly wrong ways it must reject, for
-tests/test_tolerance.py. The correct ones are examples/plain_attention.py's four and this module's blocked
-online softmax; the wrong ones each make one small mistake a real kernel makes."""
+tests/test_tolerance.py. The correct ones are examples/plain_attention.py's four and this module's two blocked
+online softmaxes (Q pre-scaled in its dtype; the scale and max in one fused multiply-add); the wrong ones each make
+one small mistake a real kernel makes."""
 import math
 
 import torch
@@ -37,8 +38,53 @@ def online_blocked(q, k, v, *, causal=False, scale=None, block_n=16):
     return (acc / torch.where(l == 0, torch.ones_like(l), l)).to(q.dtype)
 
 
+def online_fused_shift(q, k, v, *, causal=False, scale=None, block_n=16):
+    """FlashAttention-2/3's numerics as kernel/fused.py has them: fp32 scores, the scale (with log2(e)) and the row
+    max applied in one fused multiply-add (emulated: exact in float64, rounded once to fp32), so a row's largest
+    weight is 2^d with |d| up to half an ulp of the row max instead of exactly 1; P rounded to the input dtype for
+    P.V, the running state in fp32. As the kernel does, everything is computed again with the product rounded on
+    its own once some row's shift reaches 2^24 (there the fused form is not exact enough)."""
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    sl2 = torch.tensor(scale * LOG2E, dtype=torch.float32)
+    rows = torch.arange(Nq, device=q.device)[:, None]
+
+    def run(exact):
+        m = torch.full((B, H, Nq, 1), float("-inf"), device=q.device)
+        l = torch.zeros((B, H, Nq, 1), device=q.device)
+        acc = torch.zeros((B, H, Nq, D), device=q.device)
+        big = torch.zeros((B, H, Nq, 1), dtype=torch.bool, device=q.device)
+        for start in range(0, Nk, block_n):
+            kb, vb = k[:, :, start:start + block_n].float(), v[:, :, start:start + block_n]
+            s = q.float() @ kb.transpose(-1, -2)
+            seen = torch.ones_like(s, dtype=torch.bool)
+            if causal:
+                cols = torch.arange(start, start + kb.shape[2], device=q.device)[None, :]
+                seen = seen & (cols <= rows + Nk - Nq)
+            scaled = torch.where(seen, s * sl2, float("-inf"))
+            m_new = torch.maximum(m, scaled.amax(-1, keepdim=True))
+            shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            big = big | (shift.abs() >= 2.0 ** 24)
+            if exact:
+                e = scaled - shift
+            else:
+                e = torch.where(seen, (s.double() * float(sl2) - shift.double()).float(), float("-inf"))
+            c = torch.exp2(m - shift)
+            p = torch.exp2(e)
+            l = l * c + p.sum(-1, keepdim=True)
+            acc = acc * c + p.to(q.dtype).float() @ vb.float()
+            m = m_new
+        return acc, l, big
+
+    acc, l, big = run(False)
+    if bool(big.any()):
+        acc, l, _ = run(True)
+    return (acc / torch.where(l == 0, torch.ones_like(l), l)).to(q.dtype)
+
+
 CORRECT = {"matmul_softmax": matmul_softmax, "einsum": einsum, "sdpa_math": sdpa_math, "in_dtype": in_dtype,
-           "online_blocked": online_blocked}
+           "online_blocked": online_blocked, "online_fused_shift": online_fused_shift}
 
 
 def last_key_dropped(q, k, v, *, causal=False, scale=None):
