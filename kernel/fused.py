@@ -23,9 +23,13 @@ Cost: reads B*H*(Nq + 2*Nk)*D elements, writes B*H*Nq*D (+ B*H*Nq for the log-su
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from flashcheck.kernel._protocol import check_attention_inputs, check_launch, interpreter_active
+
+try:
+    from triton.language.extra import libdevice
+except ImportError:  # a triton without the backend-neutral libdevice module: the CUDA one has mul_rn too
+    from triton.language.extra.cuda import libdevice
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
