@@ -84,11 +84,8 @@ def _q_tile(q, Q_IN_LOOP: tl.constexpr):
 def _times_scale(qk, qk_scale, EXACT: tl.constexpr, MUL_RN: tl.constexpr):
     """qk * qk_scale; in the EXACT pass rounded on its own (mul.rn), so that no later subtraction of the row max
     can fuse with it into one multiply-add (see _attn_fwd_keys). The interpreter never fuses (MUL_RN False)."""
-    if EXACT:
-        if MUL_RN:
-            x = libdevice.mul_rn(qk, qk_scale)
-        else:
-            x = qk * qk_scale
+    if EXACT and MUL_RN:
+        x = libdevice.mul_rn(qk, qk_scale)
     else:
         x = qk * qk_scale
     return x
@@ -533,6 +530,12 @@ def head_dim_split(D, dtype):
     return dtype == torch.float32 and head_dim_block(D) == 128
 
 
+def fused_then_exact(dtype, precision):
+    """Whether the kernel runs a fused pass and, where some row's max reaches 2^24, an exact one (TWO_PASS), or
+    the exact pass alone: fp32 "ieee", whose FMA dots leave no registers for a second copy of the loop."""
+    return not (dtype == torch.float32 and precision == "ieee")
+
+
 def launch_block_d(D, dtype):
     """The BLOCK_D _attn_fwd is launched with: the padded head dim, or half of it under head_dim_split."""
     return head_dim_block(D) // (2 if head_dim_split(D, dtype) else 1)
@@ -608,7 +611,7 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
         # 1.9 KB of stack against none), and fusing the scale into the shift saves nothing next to those dots
         # (H200, kernel / SDPA-efficient: D = 64 0.55 -> 0.41 with two passes). A plain multiply would fuse in
         # this single pass too. guards: mutant exact_pass_fused; case extreme_scores_fp32
-        two_pass = not (q.dtype == torch.float32 and precision == "ieee")
+        two_pass = fused_then_exact(q.dtype, precision)
         # a split head dim is not combined with split-KV (fp32 decode, rare, runs unsplit)
         splits, keys_per_split = (1, Nk) if d_split else split_plan(B, H, Nq, Nk, bm, bn, q.device)
         if splits > 1:

@@ -24,7 +24,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from flashcheck.cases.bench import config_text  # noqa: E402
 import torch  # noqa: E402
 
-from flashcheck.kernel.fused import _attn_fwd, head_dim_split, launch_block_d  # noqa: E402
+from flashcheck.kernel.fused import _attn_fwd, fused_then_exact, head_dim_split, launch_block_d  # noqa: E402
 
 POINTER = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16"}
 TORCH_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -50,7 +50,7 @@ def compile_kernel(dtype, D, config, causal, arch):
     constants = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=launch_block_d(D, torch_dtype), HEAD_DIM=D,
                      IS_CAUSAL=causal, STORE_LSE=False, NEGATIVE_SCALE=False, INPUT_PRECISION="ieee", SPLIT=False,
                      USE_TMA=False, D_SPLIT=head_dim_split(D, torch_dtype), Q_IN_LOOP=False, MUL_RN=True,
-                     TWO_PASS=torch_dtype != torch.float32, DescK=None, DescV=None)
+                     TWO_PASS=fused_then_exact(torch_dtype, "ieee"), DescK=None, DescV=None)
     signature = {}
     for name in names:
         if name in constants:

@@ -458,7 +458,7 @@ MUTANTS = [
            ("huge_scores[fp16]", "extreme_scores_bf16"),
            gpu_only="the interpreter computes in NumPy, which never fuses a multiply and an add"),
     Mutant("exact_pass_fused", "fused",
-           "            x = libdevice.mul_rn(qk, qk_scale)", "            x = qk * qk_scale",
+           "        x = libdevice.mul_rn(qk, qk_scale)", "        x = qk * qk_scale",
            "the exact pass multiplies like the fused one: without a product rounded on its own, the compiler "
            "fuses it with the subtraction of the row max again, and the second pass repeats the first one's "
            "overflow",

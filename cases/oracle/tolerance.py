@@ -90,6 +90,7 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
     # fp32: the dot's partial sums rounded sqrt(D) times (any order), the scale (and log2 e) applied,
     # the row max subtracted, exp2 of the result: independent per score
     indep = SAFETY * 2.0 * math.sqrt(D) * U32 * dot_abs + 4.0 * U32 * (s.abs() + 1.0)
+    p = torch.where(ref.p.isnan(), 0.0, ref.p)
     if half:
         # the scores themselves rounded to the input dtype (PyTorch's half matmul: the product, then its
         # scaling): independent per score
@@ -102,15 +103,16 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
         # weighted by the attention they get (mean over the rows of p), which is tight where keys that get
         # no weight lie far away in some direction (keys scoring hugely negative: their own bound there is
         # loose, and harmless)
-        nan = k.isnan()
-        mid = 0.5 * (torch.where(nan, -math.inf, k).amax(2, keepdim=True)
-                     + torch.where(nan, math.inf, k).amin(2, keepdim=True))
-        common = u * abs(scale) * torch.matmul(absq, (k - mid).transpose(-1, -2).abs()) if Nk else 0.0
+        common = 0.0
         if Nk:
-            p0 = torch.where(ref.p.isnan(), 0.0, ref.p)
-            wmean = torch.matmul(p0.mean(2, keepdim=True), k)
-            common_w = u * abs(scale) * torch.matmul(absq, (k - wmean).transpose(-1, -2).abs())
-            tighter = (p0 * common_w).sum(-1, keepdim=True) < (p0 * common).sum(-1, keepdim=True)
+            def centred(c):
+                return u * abs(scale) * torch.matmul(absq, (k - c).transpose(-1, -2).abs())
+
+            nan = k.isnan()
+            common = centred(0.5 * (torch.where(nan, -math.inf, k).amax(2, keepdim=True)
+                                    + torch.where(nan, math.inf, k).amin(2, keepdim=True)))
+            common_w = centred(torch.matmul(p.mean(2, keepdim=True), k))
+            tighter = (p * common_w).sum(-1, keepdim=True) < (p * common).sum(-1, keepdim=True)
             common = torch.where(tighter, common_w, common)
         shift = indep + common                 # for the output
         shift_lse = indep + u * dot_abs        # for the lse, which a common shift does move
@@ -118,7 +120,6 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
         shift = shift_lse = indep
     shift = torch.where(ref.seen, shift, 0.0)
     shift_lse = torch.where(ref.seen, shift_lse, 0.0)
-    p = torch.where(ref.p.isnan(), 0.0, ref.p)
     out = torch.where(ref.out.isnan(), 0.0, ref.out)
     moved = _weighted_spread(_weight_change(ref, shift), v, out, causal, align)
     # --- after the softmax ----------------------------------------------------------------------------------
