@@ -327,8 +327,11 @@ class Runtime:
         if blocks:
             bm, bn = blocks
         tma = self.fused.descriptors_available(self.dtypes[shape.dtype])
-        return (f"{bm}x{bn} w{warps} s{stages}" + (" tf32x3" if self.precision_of(shape) == "tf32x3" else "")
-                + (" tma" if tma else ""))
+        # the dots' precision where it is not fp16/bf16's: tf32x3, or fp32 "ieee" on the fp64 tensor cores
+        chooser = getattr(self.fused, "dot_precision", None)
+        dots = (chooser(self.dtypes[shape.dtype], self.precision_of(shape), shape.D) if chooser
+                else self.precision_of(shape))
+        return f"{bm}x{bn} w{warps} s{stages}" + (f" {dots}" if dots != "ieee" else "") + (" tma" if tma else "")
 
     def measure(self, fn):
         """(Cell, output of a trial call). The trial call compiles, and shows failures before the timer runs."""

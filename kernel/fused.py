@@ -81,6 +81,18 @@ def _q_tile(q, Q_IN_LOOP: tl.constexpr):
 
 
 @triton.jit
+def _mma(a, b, acc, INPUT_PRECISION: tl.constexpr):
+    """a @ b (+ acc, None for none): tl.dot at input_precision; with INPUT_PRECISION "fp64" (fp32 "ieee" where
+    dot_precision says so) the fp32 operands widened to fp64 on the fp64 tensor cores, whose products are exact
+    and whose sums carry 53 bits, and the result (and acc) in fp64."""
+    if INPUT_PRECISION == "fp64":
+        x = tl.dot(a.to(tl.float64), b.to(tl.float64), acc, out_dtype=tl.float64)
+    else:
+        x = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    return x
+
+
+@triton.jit
 def _times_scale(qk, qk_scale, EXACT: tl.constexpr, MUL_RN: tl.constexpr):
     """qk * qk_scale; in the EXACT pass rounded on its own (mul.rn), so that no later subtraction of the row max
     can fuse with it into one multiply-add (see _attn_fwd_keys). The interpreter never fuses (MUL_RN False)."""
@@ -116,17 +128,19 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn, 
         kv_rows = (start_n + offs_n)[:, None] < Nk   # the key rows that exist (the load masks' rows)
         k = _load_kv(k_ptrs, desc_k, off_b, off_h, start_n, kv_rows, 0, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
         v = _load_kv(v_ptrs, desc_v, off_b, off_h, start_n, kv_rows, 0, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
-        # S = Q K^T, accumulated in fp32 and scaled in fp32 (qk_scale = scale * log2(e): the loop works in
+        # S = Q K^T, accumulated in fp32 (in fp64 under INPUT_PRECISION "fp64", then rounded once to fp32 below)
+        # and scaled in fp32 (qk_scale = scale * log2(e): the loop works in
         # base 2). fp32 operands need input_precision="ieee": the default tf32 keeps 10 mantissa bits (~1e-3
         # relative error). guards: mutants fp32_tf32_dot, scale_twice, scale_never, exp_instead_of_exp2,
         # log2e_missing
-        qk = tl.dot(_q_tile(q, Q_IN_LOOP), tl.trans(k), input_precision=INPUT_PRECISION)
+        qk = _mma(_q_tile(q, Q_IN_LOOP), tl.trans(k), None, INPUT_PRECISION)
         if D_SPLIT:
             # S = Q_0 K_0^T + Q_1 K_1^T over the two halves of the head dim. guards: mutant
             # d_split_second_half_same_columns; cases fp32_precision, head_dim_111
             k1 = _load_kv(k_ptrs + BLOCK_D * stride_kk, desc_k, off_b, off_h, start_n, kv_rows, BLOCK_D, BLOCK_N,
                           BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
-            qk = tl.dot(_q_tile(q1, Q_IN_LOOP), tl.trans(k1), qk, input_precision=INPUT_PRECISION)
+            qk = _mma(_q_tile(q1, Q_IN_LOOP), tl.trans(k1), qk, INPUT_PRECISION)
+        qk = qk.to(tl.float32)
         if MASKED:
             qk = _times_scale(qk, qk_scale, EXACT, MUL_RN)
             # The score mask varies along the KEY axis ([None, :] on S); the K/V load mask has the wrong
@@ -172,13 +186,13 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn, 
         p = tl.math.exp2(qk)
         l_i = l_i * c + tl.sum(p, 1)
         acc = acc * c[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
+        acc = _mma(p.to(v.dtype), v, acc, INPUT_PRECISION)
         if D_SPLIT:
             # the second half of the output is rescaled like the first. guards: mutant
             # d_split_second_half_not_rescaled; case fp32_precision
             v1 = _load_kv(v_ptrs + BLOCK_D * stride_vk, desc_v, off_b, off_h, start_n, kv_rows, BLOCK_D, BLOCK_N,
                           BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
-            acc1 = tl.dot(p.to(v1.dtype), v1, acc1 * c[:, None], input_precision=INPUT_PRECISION)
+            acc1 = _mma(p.to(v1.dtype), v1, acc1 * c[:, None], INPUT_PRECISION)
         m_i = m_new  # guards: mutant m_never_updated
         # each pointer advances by its own tensor's row stride. guards: mutant kv_advance_wrong_stride
         k_ptrs += BLOCK_N * stride_kn
@@ -206,9 +220,10 @@ def _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, strid
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     big = tl.zeros([BLOCK_M], dtype=tl.int1)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc_dtype: tl.constexpr = tl.float64 if INPUT_PRECISION == "fp64" else tl.float32
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=acc_dtype)
     if D_SPLIT:
-        acc1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=acc_dtype)
     else:
         acc1 = acc
     acc, acc1, l_i, m_i, big = _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn,
@@ -460,9 +475,10 @@ def split_plan(B, H, Nq, Nk, block_m, block_n, device):
     return triton.cdiv(Nk, keys_per_split), keys_per_split
 
 
-def default_blocks(Nq, Nk, D, dtype, precision="ieee", tma=None):
+def default_blocks(Nq, Nk, D, dtype, precision="ieee", tma=None, device=None):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a problem, by rule (the caller may override blocks).
-    tma: whether K and V load through tensor descriptors (None: as contiguous inputs would, here)."""
+    tma: whether K and V load through tensor descriptors (None: as contiguous inputs would, here); device: the
+    GPU (None: the current one)."""
     block_d = head_dim_block(D)
     if interpreter_active():
         # The interpreter runs one program at a time in NumPy: fewer, larger programs are faster.
@@ -488,10 +504,18 @@ def default_blocks(Nq, Nk, D, dtype, precision="ieee", tma=None):
         if block_d <= 64:
             return 128, 64, 8, 3
         return (128, 64, 8, 2) if block_d <= 128 else (32, 32, 4, 2)
+    if dot_precision(dtype, precision, D, device) == "fp64":
+        # fp32 "ieee" on the fp64 tensor cores. H200, N = 4k, kernel / SDPA-efficient fp32 in one run, not causal
+        # / causal: D = 64: 64 x 64, 4 warps, 2 stages 1.35 / 1.33 (128 x 64, 8 warps: 1.33 / 1.33; 64 x 32,
+        # 4 warps: 1.26 / 1.31; 1 stage 1.17 / 1.18); D = 128 on two halves of the head dim: 64 x 32, 4 warps,
+        # 2 stages 1.11 / 1.10 (128 x 32, 8 warps 1.12 / 1.09; 64 x 64: 0.70 / 0.71; the whole head dim at
+        # 128 x 32: 1.08 / 1.05).
+        return (64, 64, 4, 2) if block_d <= 64 else (64, 32, 4, 2)
     if dtype == torch.float32:
-        # ieee fp32 dots run on CUDA cores (FFMA) and hold 2x the registers of fp16 tiles. H200, N = 4k,
-        # triton 3.6 (scripts/resources.py gives the stack): D = 64: 64 x 64, 4 warps 19.6 TFLOP/s with 1 KB
-        # of spills; the spill-free 64 x 16 ran 10.8. D = 128: 32 x 32, 2 stages 9.0 (1 KB of spills); the
+        # ieee fp32 dots as FMAs on CUDA cores (other GPUs than the H200's kind, and D = 256: see
+        # ieee_on_fp64_tensor_cores) hold 2x the registers of fp16 tiles. H200, N = 4k, triton 3.6
+        # (scripts/resources.py gives the stack): D = 64: 64 x 64, 4 warps 19.6 TFLOP/s with 1 KB of spills; the
+        # spill-free 64 x 16 ran 10.8. D = 128: 32 x 32, 2 stages 9.0 (1 KB of spills); the
         # spill-free tiles ran 6.0-8.7 (64 x 16, 4 warps: 8.7; 128 x 16, 8 warps: 8.1); 64 x 64 spills
         # 16 KB a thread and ran 1.0. With the head dim split in halves (head_dim_split), kernel /
         # SDPA-efficient in one run: 32 x 64, 4 warps, 2 stages 0.27 (64 x 64, 8 warps: 0.27; 128 x 32: 0.25;
@@ -544,6 +568,33 @@ def launch_block_d(D, dtype):
 PRECISIONS = ("ieee", "tf32x3")
 
 
+def ieee_on_fp64_tensor_cores(D, device=None):
+    """Whether fp32 "ieee" dots run on the fp64 tensor cores (INPUT_PRECISION "fp64") rather than as fp32 FMAs on
+    the CUDA cores: an fp32 operand widens to fp64 exactly, so every product is exact and every sum rounds at 53
+    bits; the result is at least as accurate as fp32 FMAs (H200, N = 4k, max |error| against float64: 1.4e-7
+    against 7.4e-7) and the seed's "no tf32 rounding" holds. Measured on the H200 only, so only compute
+    capability 9.0 (Hopper) takes it: kernel / SDPA-efficient fp32 (3xTF32 on tensor cores) in one run, not
+    causal / causal, D = 64: 0.55 / 0.51 as FMAs, 1.35 / 1.33 on fp64 tensor cores (64 x 64, 4 warps, 2
+    stages); D = 128 (head dim split): 0.27 / 0.28 against 1.11 / 1.10, 12.3 -> 51 TFLOP/s (64 x 32, 4 warps,
+    2 stages). Padded head dims up to 128: the fp64 tiles at 256 were not measured. Other GPUs keep the FMAs:
+    consumer parts run fp64 at a small fraction of fp32's rate, and A100 / B200 were not measured. The
+    interpreter takes it too, so that the CPU judges the path the H200 runs."""
+    if head_dim_block(D) > 128:
+        return False
+    return interpreter_active() or torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def dot_precision(dtype, precision, D, device=None):
+    """The kernel's INPUT_PRECISION: "ieee" for fp16/bf16, whose products are exact in fp32 anyway; for fp32, the
+    precision asked, except "ieee" as "fp64" where ieee_on_fp64_tensor_cores.
+    guards: mutants fp32_tf32_dot, tf32x3_single_pass (GPU); case fp32_precision"""
+    if dtype != torch.float32:
+        return "ieee"
+    if precision == "ieee" and ieee_on_fp64_tensor_cores(D, device):
+        return "fp64"
+    return precision
+
+
 def descriptors_available(dtype, device=None):
     """Whether fp16/bf16 K and V may load through tensor descriptors here: Triton has them (>= 3.4) and the GPU
     has TMA (compute capability >= 9: Hopper and later), or Triton's interpreter emulates them (the CPU runs
@@ -579,8 +630,9 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
     natural-log row log-sum-exp of the scaled scores.
     block_m, block_n: optional powers of two overriding the default tile (>= 16 on the GPU);
     num_warps, num_stages: optional launch overrides (for tuning; defaults from default_blocks()).
-    precision: how fp32 inputs are multiplied: "ieee" (the default, the seed's: fp32 products on CUDA
-    cores) or "tf32x3" (each product as three tf32 tensor-core products, a split of each operand into a tf32
+    precision: how fp32 inputs are multiplied: "ieee" (the default, the seed's: no product rounded to tf32; fp32
+    FMAs on CUDA cores, or on an H200-class GPU exact products on the fp64 tensor cores, ieee_on_fp64_tensor_cores)
+    or "tf32x3" (each product as three tf32 tensor-core products, a split of each operand into a tf32
     head and a tf32 tail: fp32's accuracy within the same oracle tolerance, at tensor-core speed). fp16 and
     bf16 products are exact in fp32 whatever it says. Plain "tf32" (10 mantissa bits) is not offered: it
     fails the fp32 oracle (mutant fp32_tf32_dot).
@@ -594,7 +646,7 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
     if B * H * Nq > 0:
         use_tma = tma_eligible(k) and tma_eligible(v)
-        bm, bn, warps, stages = default_blocks(Nq, Nk, D, q.dtype, precision, use_tma)
+        bm, bn, warps, stages = default_blocks(Nq, Nk, D, q.dtype, precision, use_tma, q.device)
         bm, bn = block_m or bm, block_n or bn
         fixed_stages = num_stages is not None
         num_warps, num_stages = num_warps or warps, num_stages or stages
@@ -644,9 +696,8 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
                     SPLIT=splits > 1, D_SPLIT=d_split, Q_IN_LOOP=q_in_loop, MUL_RN=not interpreter_active(),
                     TWO_PASS=two_pass,
                     IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0, USE_TMA=use_tma,
-                    # fp32 products as precision says (attention_tf32x3 is the verify entry of "tf32x3").
-                    # guards: mutants fp32_tf32_dot, tf32x3_single_pass (GPU); case fp32_precision
-                    INPUT_PRECISION=precision if q.dtype == torch.float32 else "ieee",
+                    # fp32 products as precision says (attention_tf32x3 is the verify entry of "tf32x3")
+                    INPUT_PRECISION=dot_precision(q.dtype, precision, D, q.device),
                     num_warps=num_warps, num_stages=num_stages,
                     # fused multiply-adds, made exact where they would not be by a second pass (_attn_fwd_keys).
                     # Only the GPU fuses: the interpreter computes in NumPy.

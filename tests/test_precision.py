@@ -1,5 +1,6 @@
 """fp32 precision on the GPU: dots with input_precision="ieee" pass the fp32 tolerance, tf32 dots fail it, and
-the kernel's precision="tf32x3" (three tf32 products per multiply) passes it like ieee, on every fp32 case.
+the kernel's precision="tf32x3" (three tf32 products per multiply) passes it like ieee, on every fp32 case; so do
+both paths of "ieee" (fp64 tensor cores on the H200's kind, fp32 FMAs elsewhere).
 
 The tf32 variant is the bug corpus's mutant fp32_tf32_dot (the real kernel carries no precision switch).
 On the CPU the interpreter computes every dot exactly, so only the GPU can judge this.
@@ -55,3 +56,27 @@ def test_tf32x3_passes_every_fp32_catalogue_case():
 
     proc = verify("flashcheck.kernel.fused:attention_tf32x3", "--dtypes", "fp32", "-q")
     assert proc.returncode == 0 and " 0 failed" in proc.stdout, explain(proc)
+
+
+def test_ieee_fma_path_passes_every_fp32_catalogue_case():
+    """The FMA path of "ieee" (what GPUs other than the H200's kind run), judged on the whole fp32 catalogue
+    wherever the GPU suite runs."""
+    from tests.test_verify import explain, verify
+
+    proc = verify("tests.fused_paths:attention_ieee_fma", "--dtypes", "fp32", "-q")
+    assert proc.returncode == 0 and " 0 failed" in proc.stdout, explain(proc)
+
+
+def test_ieee_paths_agree_with_the_device_choice():
+    """On the H200's kind (compute capability 9.0) "ieee" runs on the fp64 tensor cores, elsewhere as FMAs; both
+    are within a few fp32 ulps of each other and of float64 on a whole-block case."""
+    from flashcheck.kernel import fused
+    from tests.fused_paths import attention_ieee_fma
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 256, 128, device="cuda") for _ in range(3))
+    expect = torch.softmax((q.double() @ k.double().transpose(-1, -2)) / 128 ** 0.5, -1) @ v.double()
+    on_h200 = torch.cuda.get_device_capability() == (9, 0)
+    assert fused.dot_precision(torch.float32, "ieee", 128) == ("fp64" if on_h200 else "ieee")
+    for out in (fused.attention(q, k, v), attention_ieee_fma(q, k, v)):
+        assert (out.double() - expect).abs().max().item() < 2e-6

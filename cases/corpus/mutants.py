@@ -366,17 +366,14 @@ MUTANTS = [
            "nor stored)",
            _SEED_DOT + " (do not hard-code 16)", ("head_dim_17", "head_dim_59", "head_dim_64")),
     Mutant("fp32_tf32_dot", "fused",
-           'INPUT_PRECISION=precision if q.dtype == torch.float32 else "ieee"',
-           'INPUT_PRECISION="tf32" if q.dtype == torch.float32 else "ieee"',
-           "fp32 dots without input_precision='ieee': operands rounded to tf32 (10 mantissa bits, ~1e-3 "
-           "relative error) fail the fp32 tolerance",
+           '        return "fp64"\n', '        return "tf32"\n',
+           "fp32 'ieee' dots run at input_precision='tf32' (where the H200 runs them on the fp64 tensor cores): "
+           "operands rounded to tf32 (10 mantissa bits, ~1e-3 relative error) fail the fp32 tolerance",
            _SEED_DOT + " (fp32 operands need an explicit input_precision)", ("fp32_precision",),
            gpu_only="the interpreter computes every dot in full fp32 whatever input_precision says; only "
                     "the GPU's tensor cores round to tf32"),
     Mutant("tf32x3_single_pass", "fused",
-           'INPUT_PRECISION=precision if q.dtype == torch.float32 else "ieee"',
-           'INPUT_PRECISION=("tf32" if precision == "tf32x3" else precision) if q.dtype == torch.float32 '
-           'else "ieee"',
+           "    return precision\n", '    return "tf32" if precision == "tf32x3" else precision\n',
            "precision='tf32x3' passed to the dot as plain 'tf32': one tensor-core product of operands rounded to "
            "10 mantissa bits instead of three (head x head + head x tail + tail x head), ~1e-3 relative error "
            "where fp32 promises ~1e-7",
@@ -419,8 +416,8 @@ MUTANTS = [
            "the accumulator is not rescaled when the running max grows: old blocks are over-weighted",
            _SEED_RESCALE, ("many_key_chunks", "many_key_chunks_growing_max")),
     Mutant("acc_in_input_dtype", "fused",
-           "acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)",
-           "acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION).to(v.dtype).to(tl.float32)",
+           "acc = _mma(p.to(v.dtype), v, acc, INPUT_PRECISION)",
+           "acc = _mma(p.to(v.dtype), v, acc, INPUT_PRECISION).to(v.dtype).to(acc.dtype)",
            "the accumulator kept in the input dtype between key blocks (fp16/bf16): each block's rounding "
            "adds up, and over hundreds of blocks the output drifts past the tolerance",
            _SEED_STATE + " (acc is fp32)", ("fp16_many_key_blocks",)),
@@ -666,7 +663,7 @@ MUTANTS = [
            "the second half of the head dim reads K's first half again: S = Q_0 K_0^T + Q_1 K_0^T",
            _D_SPLIT, ("fp32_precision", "head_dim_111")),
     Mutant("d_split_second_half_not_rescaled", "fused",
-           "acc1 = tl.dot(p.to(v1.dtype), v1, acc1 * c[:, None],", "acc1 = tl.dot(p.to(v1.dtype), v1, acc1,",
+           "acc1 = _mma(p.to(v1.dtype), v1, acc1 * c[:, None],", "acc1 = _mma(p.to(v1.dtype), v1, acc1,",
            "the output's second half is not rescaled when the running max grows (the first half is): old key "
            "blocks are over-weighted in columns 64..127 only",
            _D_SPLIT, ("many_key_chunks_growing_max_d128",)),
