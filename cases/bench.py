@@ -329,7 +329,7 @@ class Runtime:
         tma = self.fused.descriptors_available(self.dtypes[shape.dtype])
         # the dots' precision where it is not fp16/bf16's: tf32x3, or fp32 "ieee" on the fp64 tensor cores
         chooser = getattr(self.fused, "dot_precision", None)
-        dots = (chooser(self.dtypes[shape.dtype], self.precision_of(shape), shape.D) if chooser
+        dots = (chooser(self.dtypes[shape.dtype], self.precision_of(shape)) if chooser
                 else self.precision_of(shape))
         return f"{bm}x{bn} w{warps} s{stages}" + (f" {dots}" if dots != "ieee" else "") + (" tma" if tma else "")
 

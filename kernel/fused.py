@@ -504,22 +504,24 @@ def default_blocks(Nq, Nk, D, dtype, precision="ieee", tma=None, device=None):
         if block_d <= 64:
             return 128, 64, 8, 3
         return (128, 64, 8, 2) if block_d <= 128 else (32, 32, 4, 2)
-    if dot_precision(dtype, precision, D, device) == "fp64":
+    if dot_precision(dtype, precision, device) == "fp64":
         # fp32 "ieee" on the fp64 tensor cores. H200, N = 4k, kernel / SDPA-efficient fp32 in one run, not causal
         # / causal: D = 64: 64 x 64, 4 warps, 2 stages 1.35 / 1.33 (128 x 64, 8 warps: 1.33 / 1.33; 64 x 32,
         # 4 warps: 1.26 / 1.31; 1 stage 1.17 / 1.18); D = 128 on two halves of the head dim: 64 x 32, 4 warps,
         # 2 stages 1.11 / 1.10 (128 x 32, 8 warps 1.12 / 1.09; 64 x 64: 0.70 / 0.71; the whole head dim at
-        # 128 x 32: 1.08 / 1.05).
-        return (64, 64, 4, 2) if block_d <= 64 else (64, 32, 4, 2)
+        # 128 x 32: 1.08 / 1.05); D = 256, not causal: 32 x 32, 4 warps, 2 stages 0.48 (64 x 32: 0.29; on two
+        # halves 64 x 32: 0.42; 128 x 32 needs 360 KB of shared memory).
+        if block_d <= 64:
+            return 64, 64, 4, 2
+        return (64, 32, 4, 2) if block_d <= 128 else (32, 32, 4, 2)
     if dtype == torch.float32:
-        # ieee fp32 dots as FMAs on CUDA cores (other GPUs than the H200's kind, and D = 256: see
-        # ieee_on_fp64_tensor_cores) hold 2x the registers of fp16 tiles. H200, N = 4k, triton 3.6
-        # (scripts/resources.py gives the stack): D = 64: 64 x 64, 4 warps 19.6 TFLOP/s with 1 KB of spills; the
-        # spill-free 64 x 16 ran 10.8. D = 128: 32 x 32, 2 stages 9.0 (1 KB of spills); the
-        # spill-free tiles ran 6.0-8.7 (64 x 16, 4 warps: 8.7; 128 x 16, 8 warps: 8.1); 64 x 64 spills
-        # 16 KB a thread and ran 1.0. With the head dim split in halves (head_dim_split), kernel /
-        # SDPA-efficient in one run: 32 x 64, 4 warps, 2 stages 0.27 (64 x 64, 8 warps: 0.27; 128 x 32: 0.25;
-        # 64 x 64, 4 warps: 0.19); the whole-D 32 x 32 tile 0.20.
+        # ieee fp32 dots as FMAs on CUDA cores (GPUs other than the H200's kind: see ieee_on_fp64_tensor_cores)
+        # hold 2x the registers of fp16 tiles. H200, N = 4k, triton 3.6 (scripts/resources.py gives the stack):
+        # D = 64: 64 x 64, 4 warps 19.6 TFLOP/s with 1 KB of spills; the spill-free 64 x 16 ran 10.8. D = 128:
+        # 32 x 32, 2 stages 9.0 (1 KB of spills); the spill-free tiles ran 6.0-8.7 (64 x 16, 4 warps: 8.7; 128 x 16,
+        # 8 warps: 8.1); 64 x 64 spills 16 KB a thread and ran 1.0. With the head dim split in halves
+        # (head_dim_split), kernel / SDPA-efficient in one run: 32 x 64, 4 warps, 2 stages 0.27 (64 x 64, 8 warps:
+        # 0.27; 128 x 32: 0.25; 64 x 64, 4 warps: 0.19); the whole-D 32 x 32 tile 0.20.
         if block_d <= 64:
             return 64, 64, 4, 1
         return (32, 64, 4, 2) if block_d <= 128 else (32, 32, 4, 2)
@@ -568,7 +570,7 @@ def launch_block_d(D, dtype):
 PRECISIONS = ("ieee", "tf32x3")
 
 
-def ieee_on_fp64_tensor_cores(D, device=None):
+def ieee_on_fp64_tensor_cores(device=None):
     """Whether fp32 "ieee" dots run on the fp64 tensor cores (INPUT_PRECISION "fp64") rather than as fp32 FMAs on
     the CUDA cores: an fp32 operand widens to fp64 exactly, so every product is exact and every sum rounds at 53
     bits; the result is at least as accurate as fp32 FMAs (H200, N = 4k, max |error| against float64: 1.4e-7
@@ -576,21 +578,19 @@ def ieee_on_fp64_tensor_cores(D, device=None):
     capability 9.0 (Hopper) takes it: kernel / SDPA-efficient fp32 (3xTF32 on tensor cores) in one run, not
     causal / causal, D = 64: 0.55 / 0.51 as FMAs, 1.35 / 1.33 on fp64 tensor cores (64 x 64, 4 warps, 2
     stages); D = 128 (head dim split): 0.27 / 0.28 against 1.11 / 1.10, 12.3 -> 51 TFLOP/s (64 x 32, 4 warps,
-    2 stages). Padded head dims up to 128: the fp64 tiles at 256 were not measured. Other GPUs keep the FMAs:
+    2 stages); D = 256, not causal: 0.27 against 0.48 (32 x 32, 4 warps, 2 stages). Other GPUs keep the FMAs:
     consumer parts run fp64 at a small fraction of fp32's rate, and A100 / B200 were not measured. The
     interpreter takes it too, so that the CPU judges the path the H200 runs."""
-    if head_dim_block(D) > 128:
-        return False
     return interpreter_active() or torch.cuda.get_device_capability(device) == (9, 0)
 
 
-def dot_precision(dtype, precision, D, device=None):
+def dot_precision(dtype, precision, device=None):
     """The kernel's INPUT_PRECISION: "ieee" for fp16/bf16, whose products are exact in fp32 anyway; for fp32, the
     precision asked, except "ieee" as "fp64" where ieee_on_fp64_tensor_cores.
     guards: mutants fp32_tf32_dot, tf32x3_single_pass (GPU); case fp32_precision"""
     if dtype != torch.float32:
         return "ieee"
-    if precision == "ieee" and ieee_on_fp64_tensor_cores(D, device):
+    if precision == "ieee" and ieee_on_fp64_tensor_cores(device):
         return "fp64"
     return precision
 
@@ -697,7 +697,7 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
                     TWO_PASS=two_pass,
                     IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0, USE_TMA=use_tma,
                     # fp32 products as precision says (attention_tf32x3 is the verify entry of "tf32x3")
-                    INPUT_PRECISION=dot_precision(q.dtype, precision, D, q.device),
+                    INPUT_PRECISION=dot_precision(q.dtype, precision, q.device),
                     num_warps=num_warps, num_stages=num_stages,
                     # fused multiply-adds, made exact where they would not be by a second pass (_attn_fwd_keys).
                     # Only the GPU fuses: the interpreter computes in NumPy.

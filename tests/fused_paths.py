@@ -10,7 +10,7 @@ from flashcheck.kernel import fused
 def attention_ieee_fma(q, k, v, **kwargs):
     """fused.attention with fp32 "ieee" forced onto the FMA path (the module's choice, swapped for the call)."""
     chooser = fused.ieee_on_fp64_tensor_cores
-    fused.ieee_on_fp64_tensor_cores = lambda D, device=None: False
+    fused.ieee_on_fp64_tensor_cores = lambda device=None: False
     try:
         return fused.attention(q, k, v, **kwargs)
     finally:
