@@ -581,7 +581,13 @@ def ieee_on_fp64_tensor_cores(device=None):
     2 stages); D = 256, not causal: 0.27 against 0.48 (32 x 32, 4 warps, 2 stages). Other GPUs keep the FMAs:
     consumer parts run fp64 at a small fraction of fp32's rate, and A100 / B200 were not measured. The
     interpreter takes it too, so that the CPU judges the path the H200 runs."""
-    return interpreter_active() or torch.cuda.get_device_capability(device) == (9, 0)
+    return interpreter_active() or fp64_dots_measured(torch.cuda.get_device_capability(device))
+
+
+def fp64_dots_measured(capability):
+    """Whether a GPU of this compute capability (major, minor) runs fp32 "ieee" on the fp64 tensor cores: the
+    measured kind, Hopper (9, 0). scripts/resources.py asks it for the target it compiles for."""
+    return tuple(capability) == (9, 0)
 
 
 def dot_precision(dtype, precision, device=None):

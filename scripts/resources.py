@@ -2,7 +2,7 @@
 (spilled registers: local memory, slow) and shared memory, as cuobjdump reports them for the cubin.
 
 Usage: python scripts/resources.py [--dtype fp32] [--head-dims 64,128] [--arch 90] [--config BMxBNwWsS ...]
-Example: the fp32 tile of 64 x 64 with 4 warps that ran 1.0 TFLOP/s at D = 128 on an H200 shows
+Example: the FMA-path fp32 tile of 64 x 64 with 4 warps that ran 1.0 TFLOP/s at D = 128 on an H200 showed
 REG:32 STACK:16704 under triton 3.6 (16 KB of spills per thread); 32 x 32 shows STACK:976.
 Resource use depends on the Triton version: run it with the version of the GPU runner
 (pip install --target DIR triton==X; PYTHONPATH=DIR:. python scripts/resources.py).
@@ -24,7 +24,8 @@ from triton.compiler import ASTSource  # noqa: E402
 from flashcheck.cases.bench import config_text  # noqa: E402
 import torch  # noqa: E402
 
-from flashcheck.kernel.fused import _attn_fwd, fused_then_exact, head_dim_split, launch_block_d  # noqa: E402
+from flashcheck.kernel.fused import (_attn_fwd, fp64_dots_measured, fused_then_exact, head_dim_split,  # noqa: E402
+                                     launch_block_d)
 
 POINTER = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16"}
 TORCH_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -46,9 +47,12 @@ def compile_kernel(dtype, D, config, causal, arch):
     names = list(_attn_fwd.arg_names)
     torch_dtype = TORCH_DTYPE[dtype]
     # the pointer path, unsplit keys, ieee (tensor-descriptor arguments need a GPU to describe; Q_IN_LOOP is
-    # tf32x3's), compiled as attention launches it: MUL_RN on, two passes except for fp32 (ieee), fp fusion on
+    # tf32x3's), compiled as attention launches it: MUL_RN on, two passes except for fp32 (ieee), fp fusion on,
+    # fp32 dots on the fp64 tensor cores where the target takes them
+    fp64 = dtype == "fp32" and fp64_dots_measured(divmod(arch, 10))
     constants = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=launch_block_d(D, torch_dtype), HEAD_DIM=D,
-                     IS_CAUSAL=causal, STORE_LSE=False, NEGATIVE_SCALE=False, INPUT_PRECISION="ieee", SPLIT=False,
+                     IS_CAUSAL=causal, STORE_LSE=False, NEGATIVE_SCALE=False,
+                     INPUT_PRECISION="fp64" if fp64 else "ieee", SPLIT=False,
                      USE_TMA=False, D_SPLIT=head_dim_split(D, torch_dtype), Q_IN_LOOP=False, MUL_RN=True,
                      TWO_PASS=fused_then_exact(torch_dtype, "ieee"), DescK=None, DescV=None)
     signature = {}
