@@ -3,7 +3,8 @@
 
 Usage: python scripts/resources.py [--dtype fp32] [--head-dims 64,128] [--arch 90] [--config BMxBNwWsS ...]
 Example: the FMA-path fp32 tile of 64 x 64 with 4 warps that ran 1.0 TFLOP/s at D = 128 on an H200 showed
-REG:32 STACK:16704 under triton 3.6 (16 KB of spills per thread); 32 x 32 shows STACK:976.
+REG:32 STACK:16704 under triton 3.6 (16 KB of spills per thread); 32 x 32 showed STACK:976. fp32 on sm_90 now
+compiles its dots for the fp64 tensor cores (64 x 32, 4 warps, 2 stages at D = 128: STACK:968).
 Resource use depends on the Triton version: run it with the version of the GPU runner
 (pip install --target DIR triton==X; PYTHONPATH=DIR:. python scripts/resources.py).
 """
