@@ -129,10 +129,9 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn, 
         k = _load_kv(k_ptrs, desc_k, off_b, off_h, start_n, kv_rows, 0, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
         v = _load_kv(v_ptrs, desc_v, off_b, off_h, start_n, kv_rows, 0, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
         # S = Q K^T, accumulated in fp32 (in fp64 under INPUT_PRECISION "fp64", then rounded once to fp32 below)
-        # and scaled in fp32 (qk_scale = scale * log2(e): the loop works in
-        # base 2). fp32 operands need input_precision="ieee": the default tf32 keeps 10 mantissa bits (~1e-3
-        # relative error). guards: mutants fp32_tf32_dot, scale_twice, scale_never, exp_instead_of_exp2,
-        # log2e_missing
+        # and scaled in fp32 (qk_scale = scale * log2(e): the loop works in base 2). fp32 operands need
+        # input_precision="ieee": the default tf32 keeps 10 mantissa bits (~1e-3 relative error). guards: mutants
+        # fp32_tf32_dot, scale_twice, scale_never, exp_instead_of_exp2, log2e_missing
         qk = _mma(_q_tile(q, Q_IN_LOOP), tl.trans(k), None, INPUT_PRECISION)
         if D_SPLIT:
             # S = Q_0 K_0^T + Q_1 K_1^T over the two halves of the head dim. guards: mutant
@@ -558,7 +557,8 @@ def head_dim_split(D, dtype):
 
 def fused_then_exact(dtype, precision):
     """Whether the kernel runs a fused pass and, where some row's max reaches 2^24, an exact one (TWO_PASS), or
-    the exact pass alone: fp32 "ieee", whose FMA dots leave no registers for a second copy of the loop."""
+    the exact pass alone: fp32 "ieee", whose FMA dots leave no registers for a second copy of the loop (measured
+    on the FMA path; the fp64-tensor-core path keeps the rule, two passes there unmeasured)."""
     return not (dtype == torch.float32 and precision == "ieee")
 
 
@@ -664,11 +664,12 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
         # kernel / SDPA-efficient in one process: Q held 1.19, causal 1.13; this clamped read 1.28 and 1.23. ieee:
         # 0.27 either way, so it keeps Q.
         q_in_loop = d_split and precision == "tf32x3"
-        # fp32 "ieee" runs one exact pass (see _attn_fwd_keys) instead of a fused pass and an exact one: its FMA
-        # dots hold so many registers that the second copy of the loop spills them (triton 3.6, sm_90, D = 64:
-        # 1.9 KB of stack against none), and fusing the scale into the shift saves nothing next to those dots
-        # (H200, kernel / SDPA-efficient: D = 64 0.55 -> 0.41 with two passes). A plain multiply would fuse in
-        # this single pass too. guards: mutant exact_pass_fused; case extreme_scores_fp32
+        # fp32 "ieee" runs one exact pass (see _attn_fwd_keys) instead of a fused pass and an exact one (the rule
+        # was measured on the FMA path, and the fp64-tensor-core path keeps it): the FMA dots hold so many
+        # registers that the second copy of the loop spills them (triton 3.6, sm_90, D = 64: 1.9 KB of stack
+        # against none), and fusing the scale into the shift saves nothing next to those dots (H200, kernel /
+        # SDPA-efficient: D = 64 0.55 -> 0.41 with two passes). A plain multiply would fuse in this single pass
+        # too. guards: mutant exact_pass_fused; case extreme_scores_fp32
         two_pass = fused_then_exact(q.dtype, precision)
         # a split head dim is not combined with split-KV (fp32 decode, rare, runs unsplit)
         splits, keys_per_split = (1, Nk) if d_split else split_plan(B, H, Nq, Nk, bm, bn, q.device)
