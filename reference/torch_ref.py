@@ -3,30 +3,51 @@
 attention(): in any dtype, computed as a plain framework user would (scores and softmax in the input dtype,
 no upcast; no_tf32() for fp32): one of the independent correct formulations the tolerance is tested against.
 
-softmax_parts(): numpy_ref.softmax_parts in float64 torch, on the inputs' device: the same definition, so
-that the oracle's reference and tolerance run where the kernel does (on a GPU, large cases cost milliseconds
-instead of seconds of host time). tests/test_reference.py holds it to numpy_ref, the oracle of record.
+softmax_parts(): numpy_ref.softmax_parts in float64 torch, on the inputs' device: the same definition (one
+reference.problem.Problem), so that the oracle's reference and tolerance run where the kernel does (on a GPU,
+large cases cost milliseconds instead of seconds of host time). tests/test_reference.py holds it to numpy_ref.
 """
 import math
 
 import torch
 
-from flashcheck.reference.numpy_ref import Softmax, causal_shift, visible
+from flashcheck.reference.numpy_ref import Softmax
+from flashcheck.reference.problem import plain
 
 
-def attention(q, k, v, causal=False, scale=None, upcast=False):
-    """q: (B, H, Nq, D), k, v: (B, H, Nk, D). Returns (out, lse); out in q's dtype (float64 if upcast),
-    lse float32 (float64 for float64 inputs or upcast). causal is bottom-right aligned; rows that see no key give 0, -inf."""
+def _problem(q, k, v, causal, scale, align, problem):
+    return problem if problem is not None else plain(tuple(q.shape), tuple(k.shape), tuple(v.shape), causal, scale,
+                                                     align)
+
+
+def expand_kv(t, problem):
+    """k or v (B, Hkv, N, X) as (B, Hq, N, X): the kv head each query head reads."""
+    if problem.Hkv == problem.Hq and problem.head_map == "grouped":
+        return t
+    return t[:, torch.as_tensor(problem.kv_heads(), device=t.device)]
+
+
+def transform(s, problem):
+    """Scaled scores (B, Hq, Nq, Nk) -> the problem's scores: softcapped, then ALiBi-biased (no masks)."""
+    if problem.softcap is not None:
+        s = problem.softcap * torch.tanh(s / problem.softcap)
+    bias = problem.bias()
+    if bias is not None:
+        s = s + torch.as_tensor(bias, device=s.device, dtype=s.dtype)
+    return s
+
+
+def attention(q, k, v, causal=False, scale=None, upcast=False, problem=None):
+    """q: (B, Hq, Nq, D), k: (B, Hkv, Nk, D), v: (B, Hkv, Nk, Dv). Returns (out, lse); out in q's dtype (float64
+    if upcast), lse float32 (float64 for float64 inputs or upcast). causal is bottom-right aligned; rows that see
+    no key give 0, -inf. problem: a Problem with the optional features (window, softcap, ALiBi, GQA)."""
     if upcast:
         q, k, v = q.double(), k.double(), v.double()
-    D = q.shape[-1]
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    Nq, Nk = q.shape[2], k.shape[2]
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if causal:
-        rows = torch.arange(Nq, device=q.device)[:, None]
-        cols = torch.arange(Nk, device=q.device)[None, :]
-        s = s.masked_fill(cols > rows + (Nk - Nq), float("-inf"))
+    pb = _problem(q, k, v, causal, scale, "bottom-right", problem)
+    k, v = expand_kv(k, pb), expand_kv(v, pb)
+    s = transform(torch.matmul(q, k.transpose(-1, -2)) * pb.scale, pb)
+    seen = torch.as_tensor(pb.visible(), device=q.device)
+    s = s.masked_fill(~seen, float("-inf"))
     lse = torch.logsumexp(s.float() if s.element_size() < 4 else s, dim=-1)   # lse is float32 or wider
     p = torch.softmax(s, dim=-1)
     out = torch.matmul(p, v)
@@ -34,12 +55,12 @@ def attention(q, k, v, causal=False, scale=None, upcast=False):
     return torch.where(saw_no_key, torch.zeros_like(out), out), lse
 
 
-def softmax_parts(q, k, v, causal=False, scale=None, align="bottom-right"):
+def softmax_parts(q, k, v, causal=False, scale=None, align="bottom-right", problem=None):
     """numpy_ref.softmax_parts for float64 tensors (B, H, N, D) on one device: a Softmax of tensors there."""
-    D = q.shape[-1]
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    seen = torch.from_numpy(visible(q.shape[2], k.shape[2], causal, align)).to(q.device)
-    s = torch.where(seen, torch.matmul(q, k.transpose(-1, -2)) * scale, -math.inf)
+    pb = _problem(q, k, v, causal, scale, align, problem)
+    k, v = expand_kv(k, pb), expand_kv(v, pb)
+    seen = torch.from_numpy(pb.visible()).to(q.device)
+    s = torch.where(seen, transform(torch.matmul(q, k.transpose(-1, -2)) * pb.scale, pb), -math.inf)
     m = s.amax(-1, keepdim=True) if s.shape[-1] else torch.full(s.shape[:-1] + (1,), float("-inf"),
                                                                  dtype=s.dtype, device=s.device)
     m = torch.where(torch.isneginf(m), 0.0, m)                # rows that see no key
@@ -52,17 +73,29 @@ def softmax_parts(q, k, v, causal=False, scale=None, align="bottom-right"):
     return Softmax(s, seen, p, lse, out)
 
 
-def prefix_range(v, Nq, causal, align="bottom-right"):
-    """(lo, hi, last) over the keys each of Nq query rows sees, which are a prefix of the keys (all of them when
-    not causal): lo and hi (B, H, Nq, D) the min and max of each column of v (B, H, Nk, D) over them, last (Nq,)
-    the index of the last key a row sees (below 0: none, and lo, hi there are key 0's)."""
-    Nk = v.shape[2]
-    if causal:
-        last = torch.arange(Nq, device=v.device) + causal_shift(Nq, Nk, align)
-    else:
-        last = torch.full((Nq,), Nk - 1, device=v.device)
-    idx = last.clamp(0, Nk - 1)
-    return torch.cummin(v, 2).values[:, :, idx], torch.cummax(v, 2).values[:, :, idx], last
+def visible_range(v, problem, chunk=1 << 22):
+    """(lo, hi, sees) over the keys each query row sees: lo and hi (B, Hq, Nq, Dv) the min and max of each column
+    of v (B, Hq, Nk, Dv, already expanded to the query heads) over those keys, sees (Nq,) bool whether the row sees
+    any (where it does not, lo and hi are 0). A row's keys are the interval Problem.bounds gives."""
+    B, H, Nk, Dv = v.shape
+    lo_i, hi_i = problem.bounds()
+    sees = torch.as_tensor(lo_i <= hi_i, device=v.device)
+    if not problem.windowed:      # a prefix of the keys: running min and max
+        idx = torch.as_tensor(hi_i, device=v.device).clamp(0, max(Nk - 1, 0))
+        lo, hi = torch.cummin(v, 2).values[:, :, idx], torch.cummax(v, 2).values[:, :, idx]
+    else:                         # any interval: the masked min and max, a block of rows at a time
+        seen = torch.as_tensor(problem.visible(), device=v.device)
+        lo = torch.zeros((B, H, problem.Nq, Dv), dtype=v.dtype, device=v.device)
+        hi = torch.zeros_like(lo)
+        rows = max(1, chunk // max(1, B * H * Nk * Dv))
+        for i in range(0, problem.Nq, rows):
+            m = seen[i:i + rows][None, None, :, :, None]                          # (1, 1, r, Nk, 1)
+            x = v[:, :, None]                                                      # (B, H, 1, Nk, Dv)
+            lo[:, :, i:i + rows] = torch.where(m, x, math.inf).amin(3)
+            hi[:, :, i:i + rows] = torch.where(m, x, -math.inf).amax(3)
+    zero = torch.zeros((), dtype=v.dtype, device=v.device)
+    keep = sees[None, None, :, None]
+    return torch.where(keep, lo, zero), torch.where(keep, hi, zero), sees
 
 
 def no_tf32():

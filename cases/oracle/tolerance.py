@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from flashcheck.reference import torch_ref
+from flashcheck.reference.problem import plain
 
 U32 = 2.0 ** -24                                  # fp32 unit roundoff
 UNIT = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
@@ -65,20 +66,33 @@ class Expectation:
     mean_v: np.ndarray = None      # the plain mean of the visible values, per row (a trivially wrong answer)
     uniform: bool = False          # every row's softmax is uniform: its answer IS the mean of V
     spread: np.ndarray = None      # (B, H, 1, D): how much V varies over the keys (its scale, if constant)
+    # the convex hull of the values each row sees, (B, H, Nq, Dv) each (0 on rows that see no key), and how far
+    # outside it a correct output can land: only the roundings after the softmax (the score errors that make
+    # most of tol only move the output inside the hull). Where tol is loose (scores the dtype cannot resolve)
+    # the hull still judges tightly.
+    hull_lo: np.ndarray = None
+    hull_hi: np.ndarray = None
+    tol_hull: np.ndarray = None
 
 
-def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right", half_scores=True, device=None):
+def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right", half_scores=True, device=None,
+                problem=None):
     """The reference and the per-element tolerance for a kernel of `dtype` on these inputs.
 
-    q, k, v: (B, H, N, D) tensors or arrays holding the dtype-rounded values the kernel was given. Computed in
-    float64 on `device` (default: q's device, or the CPU for arrays); the Expectation holds NumPy arrays.
-    half_scores=False: the kernel keeps its scores in fp32 (declared --fp32-scores): no allowance for scores
-    rounded to a half-precision dtype."""
+    q, k, v: (B, Hq, Nq, D), (B, Hkv, Nk, D), (B, Hkv, Nk, Dv) tensors or arrays holding the dtype-rounded values the
+    kernel was given. problem: the reference.problem.Problem (default: the plain one of causal, scale and align).
+    Computed in float64 on `device` (default: q's device, or the CPU for arrays); the Expectation holds NumPy
+    arrays. half_scores=False: the kernel keeps its scores in fp32 (declared --fp32-scores): no allowance for
+    scores rounded to a half-precision dtype."""
     device = device or (q.device if isinstance(q, torch.Tensor) else "cpu")
     q, k, v = (torch.as_tensor(t).to(device=device, dtype=torch.float64) for t in (q, k, v))
+    if problem is None:
+        problem = plain(tuple(q.shape), tuple(k.shape), tuple(v.shape), causal, scale, align)
+    ref = torch_ref.softmax_parts(q, k, v, problem=problem)
+    # every quantity below is per query head: k and v as the query heads read them
+    k, v = torch_ref.expand_kv(k, problem), torch_ref.expand_kv(v, problem)
     D, Nk = q.shape[-1], k.shape[-2]
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    ref = torch_ref.softmax_parts(q, k, v, causal, scale, align)
+    scale = problem.scale
     u = UNIT[dtype]
     half = dtype != torch.float32
     kt = k.transpose(-1, -2)
@@ -87,41 +101,16 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
     absq = q.abs()
     # uncentred magnitude of each dot: its partial sums, and a relative rounding of q or k, scale with it
     dot_abs = abs(scale) * torch.matmul(absq, kt.abs())
-    # fp32: the dot's partial sums rounded sqrt(D) times (any order), the scale (and log2 e) applied,
-    # the row max subtracted, exp2 of the result: independent per score
-    indep = SAFETY * 2.0 * math.sqrt(D) * U32 * dot_abs + 4.0 * U32 * (s.abs() + 1.0)
     p = torch.where(ref.p.isnan(), 0.0, ref.p)
-    if half:
-        # the scores themselves rounded to the input dtype (PyTorch's half matmul: the product, then its
-        # scaling): independent per score
-        if half_scores:
-            indep = indep + 2.0 * u * s.abs()
-        # Q scaled in its own dtype: delta_ij = e_i . k_j, one error vector per row; only k's variation
-        # across keys moves the weights, so |delta_ij - e_i . c| <= u |q_i| . |k_j - c| for any centre c of the
-        # row (e_i . c shifts the whole row). Two centres, the tighter one per row (by its p-weighted sum):
-        # the midrange of each column of k (NaNs left out), which bounds every key alike, and the keys' mean
-        # weighted by the attention they get (mean over the rows of p), which is tight where keys that get
-        # no weight lie far away in some direction (keys scoring hugely negative: their own bound there is
-        # loose, and harmless)
-        common = 0.0
-        if Nk:
-            def centred(c):
-                return u * abs(scale) * torch.matmul(absq, (k - c).transpose(-1, -2).abs())
-
-            nan = k.isnan()
-            common = centred(0.5 * (torch.where(nan, -math.inf, k).amax(2, keepdim=True)
-                                    + torch.where(nan, math.inf, k).amin(2, keepdim=True)))
-            common_w = centred(torch.matmul(p.mean(2, keepdim=True), k))
-            tighter = (p * common_w).sum(-1, keepdim=True) < (p * common).sum(-1, keepdim=True)
-            common = torch.where(tighter, common_w, common)
-        shift = indep + common                 # for the output
-        shift_lse = indep + u * dot_abs        # for the lse, which a common shift does move
+    if problem.softcap is None and problem.slopes is None:
+        shift, shift_lse = _score_shifts(dtype, half_scores, s, q, k, p, dot_abs, scale, D, Nk)
     else:
-        shift = shift_lse = indep
+        shift, shift_lse = _transformed_shifts(dtype, half_scores, ref, s, q, k, dot_abs, problem, D)
     shift = torch.where(ref.seen, shift, 0.0)
     shift_lse = torch.where(ref.seen, shift_lse, 0.0)
     out = torch.where(ref.out.isnan(), 0.0, ref.out)
-    moved = _weighted_spread(_weight_change(ref, shift), v, out, causal, align)
+    hull = torch_ref.visible_range(v, problem)
+    moved = _weighted_spread(_weight_change(ref, shift), v, out, hull)
     # --- after the softmax ----------------------------------------------------------------------------------
     pv = torch.matmul(p, v.abs())
     nk_seen = ref.seen.sum(-1)[None, None, :, None].to(torch.float64)
@@ -139,6 +128,13 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
         after = after + torch.matmul(lost, v.abs())
     rounding = 2.0 * u * out.abs() + float(torch.finfo(dtype).smallest_normal) * u   # the output's own
     tol = moved + after + rounding
+    # the hull's allowance: the roundings after the softmax, with the largest |v| a row sees in place of the
+    # weighted sum (the kernel's own weights, whatever its score errors, are what P is rounded and summed from),
+    # and in fp16 the weight of every key flushed to 0 (each below the smallest normal, the row's l >= 1)
+    vmax = torch.maximum(hull[0].abs(), hull[1].abs())
+    tol_hull = SAFETY * 3.0 * nk_seen.clamp(min=1).sqrt() * U32 * vmax + 2.0 * U32 * out.abs() + rounding
+    if half:
+        tol_hull = tol_hull + (u + nk_seen * float(torch.finfo(dtype).tiny)) * vmax
 
     # --- the log-sum-exp --------------------------------------------------------------------------------------
     # log sum_j p_j e^{+-D_j}, with log p_j from the scores (exact where p_j underflows)
@@ -170,9 +166,78 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
     else:
         spread = torch.zeros_like(v[:, :, :1])
     host = {name: t.cpu().numpy() for name, t in
-            dict(out=ref.out, lse=ref.lse, tol=tol, tol_lse=tol_lse, mean_v=mean_v, spread=spread).items()}
+            dict(out=ref.out, lse=ref.lse, tol=tol, tol_lse=tol_lse, mean_v=mean_v, spread=spread, hull_lo=hull[0],
+                 hull_hi=hull[1], tol_hull=tol_hull).items()}
     return Expectation(host["out"], host["lse"], host["tol"], host["tol_lse"], host["mean_v"], uniform,
-                       host["spread"])
+                       host["spread"], host["hull_lo"], host["hull_hi"], host["tol_hull"])
+
+
+
+def _score_shifts(dtype, half_scores, s, q, k, p, dot_abs, scale, D, Nk):
+    """(shift, shift_lse): how far each score s_ij (no softcap, no bias) may move, for the output and the lse."""
+    u = UNIT[dtype]
+    half = dtype != torch.float32
+    absq = q.abs()
+    # fp32: the dot's partial sums rounded sqrt(D) times (any order), the scale (and log2 e) applied,
+    # the row max subtracted, exp2 of the result: independent per score
+    indep = SAFETY * 2.0 * math.sqrt(D) * U32 * dot_abs + 4.0 * U32 * (s.abs() + 1.0)
+    if half:
+        # the scores themselves rounded to the input dtype (PyTorch's half matmul: the product, then its
+        # scaling): independent per score
+        if half_scores:
+            indep = indep + 2.0 * u * s.abs()
+        # Q scaled in its own dtype: delta_ij = e_i . k_j, one error vector per row; only k's variation
+        # across keys moves the weights, so |delta_ij - e_i . c| <= u |q_i| . |k_j - c| for any centre c of the
+        # row (e_i . c shifts the whole row). Two centres, the tighter one per row (by its p-weighted sum):
+        # the midrange of each column of k (NaNs left out), which bounds every key alike, and the keys' mean
+        # weighted by the attention they get (mean over the rows of p), which is tight where keys that get
+        # no weight lie far away in some direction (keys scoring hugely negative: their own bound there is
+        # loose, and harmless)
+        common = 0.0
+        if Nk:
+            def centred(c):
+                return u * abs(scale) * torch.matmul(absq, (k - c).transpose(-1, -2).abs())
+
+            nan = k.isnan()
+            common = centred(0.5 * (torch.where(nan, -math.inf, k).amax(2, keepdim=True)
+                                    + torch.where(nan, math.inf, k).amin(2, keepdim=True)))
+            common_w = centred(torch.matmul(p.mean(2, keepdim=True), k))
+            tighter = (p * common_w).sum(-1, keepdim=True) < (p * common).sum(-1, keepdim=True)
+            common = torch.where(tighter, common_w, common)
+        shift = indep + common                 # for the output
+        shift_lse = indep + u * dot_abs        # for the lse, which a common shift does move
+    else:
+        shift = shift_lse = indep
+    return shift, shift_lse
+
+
+def _transformed_shifts(dtype, half_scores, ref, s, q, k, dot_abs, problem, D):
+    """(shift, shift_lse) when the scores are softcapped (t = c tanh(s / c)) or ALiBi-biased (t = s - slope |d|).
+
+    The raw score s = scale q.k moves as in _score_shifts (its partial sums; Q scaled in its dtype; in half
+    precision the product rounded), and a softcap passes that through its derivative: |c tanh((s + e) / c) -
+    c tanh(s / c)| <= |e| max sech^2 over [s - |e|, s + |e|]. That no longer shifts a whole row alike (the
+    derivative differs per key), so Q's rounding is not centred here. The transform adds its own roundings: tanh
+    to a few ulps of c, the bias's product and sum in fp32, and in half precision the capped or biased score
+    rounded to the dtype (PyTorch computes each step in the input dtype)."""
+    u = UNIT[dtype]
+    half = dtype != torch.float32
+    raw = torch.where(ref.seen, problem.scale * torch.matmul(q, k.transpose(-1, -2)), 0.0)
+    moved = SAFETY * 2.0 * math.sqrt(D) * U32 * dot_abs
+    if half:
+        moved = moved + u * dot_abs + (2.0 * u * raw.abs() if half_scores else 0.0)
+    post = 4.0 * U32 * (s.abs() + 1.0)
+    if problem.softcap is not None:
+        c = problem.softcap
+        slope = torch.cosh(torch.clamp(raw.abs() - moved, min=0.0) / c).pow(-2)
+        capped = c * torch.tanh(raw / c)
+        moved = moved * slope
+        post = post + 8.0 * U32 * c + (2.0 * u * capped.abs() if half and half_scores else 0.0)
+    if problem.slopes is not None:
+        bias = torch.as_tensor(problem.bias(), device=s.device)
+        post = post + 2.0 * U32 * bias.abs() + (2.0 * u * s.abs() if half and half_scores else 0.0)
+    shift = moved + post
+    return shift, shift
 
 
 def _log_weights(ref):
@@ -214,7 +279,7 @@ def _weight_change(ref, shift):
     return torch.where(ref.seen & ~log_p.isnan(), dev, 0.0)
 
 
-def _weighted_spread(w, v, out, causal, align):
+def _weighted_spread(w, v, out, hull):
     """An upper bound of sum_j w_ij |v_jd - out_id|, (B, H, Nq, D): how far the weights' change moves the
     output. It is also at most max_{j seen} |v_jd - out_id|: a correct output is a convex combination of the
     values its row sees. Exact up to EXACT elements (in blocks of query rows: the (rows, keys, D) difference
@@ -235,9 +300,8 @@ def _weighted_spread(w, v, out, causal, align):
     else:
         c = v.mean(2, keepdim=True)
         res = torch.matmul(w, (v - c).abs()) + (out - c).abs() * w.sum(-1, keepdim=True)
-    # the values a row sees are a prefix of the keys (all of them when not causal)
-    lo, hi, last = torch_ref.prefix_range(v, Nq, causal, align)
-    sees = (last >= 0)[None, None, :, None]
+    lo, hi, sees = hull
+    sees = sees[None, None, :, None]
     return torch.minimum(res, torch.where(sees, torch.maximum((hi - out).abs(), (out - lo).abs()), 0.0))
 
 
