@@ -15,7 +15,7 @@ class BackendError(Exception):
 def _visible_gpu_ids():
     """The GPU ids this process may use, counted through NVML so that CUDA is not initialised yet."""
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    import torch
+    import torch   # lazy: this module is the first the CLI and the plugin import, before anything needs torch
 
     if not torch.cuda.is_available():
         return []
@@ -66,6 +66,7 @@ def device():
 
 def describe():
     """One line: backend, device name, torch and triton versions (for reports and benchmarks)."""
+    # lazy: Triton reads TRITON_INTERPRET when imported, so only after select_backend()
     import torch
     import triton
 

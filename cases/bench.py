@@ -42,6 +42,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flashcheck.cases.backend import backend
+
 CONTENDERS = ("kernel", "flash", "cudnn", "efficient")
 PEERS = CONTENDERS[1:]
 SDPA_BACKEND_NAMES = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
@@ -252,6 +254,7 @@ class Runtime:
     """torch, triton, the kernel and the timer, imported after the backend is chosen."""
 
     def __init__(self, on_gpu, warmup, rep, precision="ieee"):
+        # lazy, as the class says: Triton and the kernel only once the backend is chosen
         import torch
         import torch.nn.functional as F
         import triton
@@ -266,7 +269,7 @@ class Runtime:
         self.device = "cuda" if on_gpu else "cpu"
         self.dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
         if on_gpu:
-            from triton.testing import do_bench
+            from triton.testing import do_bench   # lazy: Triton, as above
 
             self.time = lambda fn: do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
             self.timer = f"triton.testing.do_bench median, warmup={warmup:g} ms, rep={rep:g} ms"
@@ -879,8 +882,6 @@ def _row_progress(row):
 
 
 def run(args):
-    from flashcheck.cases.backend import backend
-
     if args.show:
         return show(args.show)
     on_gpu = backend() == "gpu"
@@ -901,6 +902,8 @@ def run(args):
     paths = output_paths(args)
     for path in paths.values():
         path.parent.mkdir(parents=True, exist_ok=True)
+
+    # lazy: `import flashcheck.cases.bench` (the CLI reading its flags) stays free of torch (tests/test_bench.py)
     from flashcheck.reference.torch_ref import no_tf32
 
     # tf32 off for the whole run: the fp32 peers and the fp32 reference then multiply in ieee, like the kernel.

@@ -3,6 +3,7 @@
 A case prints itself in the catalogue's own syntax (``Case.source()``), so a failing or shrunk case can be
 pasted back into cases/catalogue.py as a regression.
 """
+import ast
 import dataclasses
 from dataclasses import dataclass
 
@@ -15,7 +16,8 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 EXPANSIONS = {None: tuple(DTYPES), "half": ("fp16", "bf16")}
 # q, k, v, out each sit in a buffer of their own; the layout says how (see cases/inputs.py):
 LAYOUTS = ("contiguous", "bthd", "gapped", "d_major", "mixed")
-DATA = ("randn", "large", "very_negative", "equal_scores", "explicit", "nan_input", "negative_first_keys")
+DATA = ("randn", "large", "very_negative", "equal_scores", "explicit", "nan_input", "negative_first_keys",
+        "large_sums")
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,10 @@ class Case:
     gpu_only: str = ""           # why only the compiled GPU path can judge this case (skipped on CPU)
     sample_heads: int = 0        # > 0, huge cases: inputs made on the device, this many (b, h) judged
     magnitude: float = None      # data="large": the typical |q . k| (default 1e4, 1e3 in fp16/bf16);
-    #                              data="negative_first_keys": how negative the first keys score (default 1e9)
+    #                              data="negative_first_keys": how negative the first keys score (default 1e9);
+    #                              data="large_sums": the values' mean (default 2^18 / Nk, within 4..2048)
+    point: tuple = ()            # what must stay true for the case to test its bug (cases/projection.py POINTS):
+    #                              verify projects an entry onto a kernel's declarations only where it does
 
     def __post_init__(self):
         if self.dtype not in DTYPES and self.dtype not in EXPANSIONS:
@@ -57,9 +62,10 @@ class Case:
             raise ValueError(f"case {self.name}: data {self.data!r} not in {DATA}")
         if min(self.B, self.H, self.Nq, self.Nk, self.D) < 0 or self.Nk < 1 or self.D < 1:
             raise ValueError(f"case {self.name}: needs B, H, Nq >= 0 and Nk, D >= 1")
-        if self.magnitude is not None and (self.data not in ("large", "negative_first_keys")
+        if self.magnitude is not None and (self.data not in ("large", "negative_first_keys", "large_sums")
                                            or not self.magnitude > 0):
-            raise ValueError(f"case {self.name}: magnitude (> 0) goes with data='large' or 'negative_first_keys'")
+            raise ValueError(f"case {self.name}: magnitude (> 0) goes with data='large', 'negative_first_keys' or "
+                             "'large_sums'")
         if self.data == "explicit" and (self.q is None or self.k is None or self.v is None):
             raise ValueError(f"case {self.name}: data='explicit' needs q, k and v")
 
@@ -80,17 +86,12 @@ class Case:
         return [self.replace(name=f"{self.name}[{d}]", dtype=d) for d in self.dtypes
                 if allowed is None or d in allowed]
 
-    @property
-    def flops(self):
-        f = 4 * self.B * self.H * self.Nq * self.Nk * self.D
-        return f // 2 if self.causal and self.Nq == self.Nk else f
-
     def source(self, why=True):
         """This case in the catalogue's syntax: only the fields that differ from their defaults
-        (without the `why` text when why=False, for one-line reproductions)."""
+        (without the `why` text and the point when why=False, for one-line reproductions)."""
         parts = [repr(self.name)]
         for f in dataclasses.fields(self):
-            if f.name == "name" or (f.name == "why" and not why):
+            if f.name == "name" or (f.name in ("why", "point") and not why):
                 continue
             value = getattr(self, f.name)
             if value != f.default:
@@ -107,8 +108,6 @@ class Case:
 
 def parse_case(text):
     """A Case from its source() text (the only name it may use is Case; nothing else is evaluated)."""
-    import ast
-
     tree = ast.parse(text.strip(), mode="eval")
     call = tree.body
     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "Case"):

@@ -10,6 +10,7 @@ on the same classes.
 To add a regression: paste the Case(...) line a failure printed (its `repro`), give it a name and a `why`.
 """
 from flashcheck.cases.case import Case
+from flashcheck.cases.projection import check_points
 
 _DIM_WHY = {
     1: "D = 1: the head-dim block is padded to 16; padded columns must be exact (seed: tl.dot constraints)",
@@ -24,51 +25,55 @@ _DIM_WHY = {
     256: "D = 256: the largest supported head dim",
 }
 
+# what each head-dim entry is about: that head dim itself, or a kind of head dim the nearest declared one can have
+_DIM_POINT = {1: ('head_dim',), 2: ('head_dim',), 3: ('head_dim',), 16: ('head_dim',), 17: ('head_dim_past_16',), 59: ('odd_head_dim',), 64: ('head_dim',), 111: ('odd_head_dim',), 128: ('head_dim',), 256: ('head_dim',)}
+
 CATALOGUE = [
-    Case("hand_one_query_two_keys",
+    Case("hand_one_query_two_keys", point=('lengths',),
          why="one length for queries and keys: 1 query vs keys [1, 1] and values [5, 10] gave 5 (seed: "
              "cross-attention). The answer is exactly 7.5",
          Nq=1, Nk=2, D=1, data="explicit", q=((1.0,),), k=((1.0,), (1.0,)), v=((5.0,), (10.0,)),
          expected=((7.5,),), exact=True),
-    Case("partial_last_query_block",
+    Case("partial_last_query_block", point=('partial_query_block',),
          why="the last query block is partial: the store needs the row mask (out-of-bounds write), the Q load "
              "needs it too (seed: Decomposition, store with row mask)",
          Nq=37, Nk=32, D=32, block_m=16, block_n=16, seed=1),
-    Case("partial_last_key_block",
+    Case("partial_last_key_block", point=('partial_key_block',),
          why="the last key block is partial: K/V load mask and -inf score mask on keys >= Nk (seed: Masks and "
              "sentinels)",
          Nq=32, Nk=45, D=32, block_m=16, block_n=16, seed=2),
-    Case("nq_lt_block_m", why="fewer query rows than one block: every row mask matters",
+    Case("nq_lt_block_m", point=('few_queries',), why="fewer query rows than one block: every row mask matters",
          Nq=5, Nk=40, D=16, seed=3),
-    Case("nk_lt_block_n", why="fewer keys than one block: the only key block is partial",
+    Case("nk_lt_block_n", point=('few_keys',), why="fewer keys than one block: the only key block is partial",
          Nq=40, Nk=7, D=16, seed=4),
-    *[Case(f"head_dim_{d}", why=_DIM_WHY[d], Nq=19, Nk=23, D=d, seed=10 + d) for d in sorted(_DIM_WHY)],
-    Case("cross_nq_gt_nk",
+    *[Case(f"head_dim_{d}", point=_DIM_POINT[d], why=_DIM_WHY[d], Nq=19, Nk=23, D=d, seed=10 + d)
+      for d in sorted(_DIM_WHY)],
+    Case("cross_nq_gt_nk", point=('nq_gt_nk',),
          why="cross-attention, Nq > Nk: grid, row mask, store use Nq; loop, K/V mask, score mask use Nk (seed)",
          Nq=48, Nk=20, D=16, block_m=16, block_n=16, seed=6),
-    Case("cross_nq_lt_nk", why="cross-attention, Nq < Nk: the loop must run over all Nk keys (seed)",
+    Case("cross_nq_lt_nk", point=('nq_lt_nk',), why="cross-attention, Nq < Nk: the loop must run over all Nk keys (seed)",
          Nq=20, Nk=53, D=16, block_m=16, block_n=16, seed=7),
-    Case("block_m_gt_block_n",
+    Case("block_m_gt_block_n", point=('nq_ne_nk',),
          why="BLOCK_M != BLOCK_N: square tiles hide broadcast-axis bugs, e.g. a score mask along the wrong "
              "axis (seed: verification checklist)",
          Nq=40, Nk=50, D=16, block_m=32, block_n=16, seed=8),
-    Case("block_m_lt_block_n", why="BLOCK_M < BLOCK_N, the other way round (seed: verification checklist)",
+    Case("block_m_lt_block_n", point=('nq_ne_nk',), why="BLOCK_M < BLOCK_N, the other way round (seed: verification checklist)",
          Nq=40, Nk=50, D=16, block_m=16, block_n=32, seed=9),
-    Case("many_key_chunks",
+    Case("many_key_chunks", point=('many_key_blocks',),
          why="ten key chunks: the running max, denominator and accumulator are rescaled many times (seed: "
              "rescale direction; a case with several key chunks)",
          Nq=20, Nk=150, D=16, block_m=16, block_n=16, seed=10),
-    Case("many_key_chunks_growing_max",
+    Case("many_key_chunks_growing_max", point=('many_key_blocks', 'scale'),
          why="scores grow along the keys, so the running max changes in every chunk: a wrong or missing "
              "rescale of l or acc cannot hide",
          Nq=16, Nk=130, D=16, block_m=16, block_n=16, data="randn", seed=11, scale=3.0),
-    Case("many_key_chunks_growing_max_d128",
+    Case("many_key_chunks_growing_max_d128", point=('many_key_blocks', 'scale', 'head_dim_past_64'),
          why="many_key_chunks_growing_max at D = 128: a kernel that works on the head dim in parts (two halves of "
              "64 columns, each with its own accumulator) must rescale every part",
          Nq=16, Nk=130, D=128, block_m=16, block_n=16, data="randn", seed=70, scale=0.5),
-    Case("one_key", why="one key: the output is exactly that key's value row", Nq=9, Nk=1, D=8,
+    Case("one_key", point=('one_key',), why="one key: the output is exactly that key's value row", Nq=9, Nk=1, D=8,
          expected="v_row0", seed=12),
-    Case("one_query", why="one query row against many keys", Nq=1, Nk=50, D=32, seed=13),
+    Case("one_query", point=('one_query', 'nq_lt_nk'), why="one query row against many keys", Nq=1, Nk=50, D=32, seed=13),
     Case("large_scores",
          why="raw scores about +-1e4: exp overflows unless the running max is subtracted (online softmax)",
          Nq=33, Nk=40, D=32, data="large", seed=14),
@@ -77,93 +82,100 @@ CATALOGUE = [
          Nq=33, Nk=40, D=32, data="very_negative", seed=15),
     Case("equal_scores", why="all scores of a row equal: the output is the mean of V (hand value)",
          Nq=21, Nk=37, D=16, data="equal_scores", expected="mean_v", seed=16),
-    Case("scale_zero", why="scale = 0 makes every score 0: the output is the mean of V (hand value)",
+    Case("scale_zero", point=('scale',), why="scale = 0 makes every score 0: the output is the mean of V (hand value)",
          Nq=21, Nk=37, D=16, scale=0.0, expected="mean_v", seed=17),
-    Case("custom_scale", why="a caller's scale replaces 1/sqrt(D), applied exactly once", Nq=24, Nk=30, D=32,
+    Case("custom_scale", point=('scale',), why="a caller's scale replaces 1/sqrt(D), applied exactly once", Nq=24, Nk=30, D=32,
          scale=0.3, seed=18),
-    Case("negative_scale", why="a negative scale flips the softmax; nothing may assume scale > 0",
+    Case("negative_scale", point=('scale',), why="a negative scale flips the softmax; nothing may assume scale > 0",
          Nq=24, Nk=30, D=32, scale=-0.7, seed=19),
-    Case("large_scores_whole_blocks",
+    Case("large_scores_whole_blocks", point=('several_key_blocks',),
          why="raw scores of about +-1e4 over whole key blocks: the unmasked fast path's running max must be "
              "the true row max, or exp2 overflows",
          Nq=20, Nk=130, D=32, data="large", block_m=32, block_n=32, seed=45),
-    Case("negative_scale_large_scores",
+    Case("negative_scale_large_scores", point=('scale', 'several_key_blocks'),
          why="a negative scale with raw scores of about +-1e4, over whole key blocks (the unmasked fast path): "
              "the row max of the scaled scores is the scaled MIN of the raw ones",
          Nq=20, Nk=130, D=32, data="large", scale=-0.25, block_m=32, block_n=32, seed=44),
-    Case("huge_scores",
+    Case("huge_scores", point=('several_key_blocks',),
          why="|q.k| of about 2e9, the largest that fp16 inputs hold (scaled scores up to ~7e8), over whole key "
              "blocks: the max score minus the row max must be exactly 0; a fused multiply-add leaves up to half "
              "an ulp of the score (dozens), and exp2 of it overflows P in fp16",
          Nq=40, Nk=130, D=128, data="large", magnitude=2e9, block_m=32, block_n=32, seed=61),
-    Case("huge_scores_negative_scale", why="huge_scores with a negative scale: the row max is the scaled min",
+    Case("huge_scores_negative_scale", point=('scale', 'several_key_blocks'), why="huge_scores with a negative scale: the row max is the scaled min",
          Nq=40, Nk=130, D=128, data="large", magnitude=2e9, scale=-0.08838834764831845, block_m=32, block_n=32,
          seed=62),
-    Case("huge_negative_first_keys",
+    Case("huge_negative_first_keys", point=('several_key_blocks',),
          why="the first 150 keys score about -4e9 with every query (scaled about -7e8), the other 150 as randn "
              "does: the running max starts hugely negative and ends ordinary, so a check of the last row max "
              "alone misses the first blocks, where a fused multiply-add shift overflows P",
          Nq=40, Nk=300, D=64, dtype="half", data="negative_first_keys", magnitude=4e9, block_m=32, block_n=32,
          seed=65),
-    Case("extreme_scores_fp32",
+    Case("extreme_scores_fp32", point=('several_key_blocks',),
          why="|q.k| of about 1e36, near where fp32 scores end: any slack in the subtraction of the row max is "
              "thousands of ulps of exp2's input (inf, or a row of zeros)",
          Nq=40, Nk=130, D=64, dtype="fp32", data="large", magnitude=1e36, block_m=32, block_n=32, seed=63),
-    Case("extreme_scores_bf16", why="extreme_scores_fp32 in bf16 (the same exponent range), with a negative scale",
+    Case("extreme_scores_bf16", point=('scale', 'several_key_blocks'), why="extreme_scores_fp32 in bf16 (the same exponent range), with a negative scale",
          Nq=40, Nk=130, D=64, dtype="bf16", data="large", magnitude=1e36, scale=-0.125, block_m=32, block_n=32,
          seed=64),
-    Case("fp16_many_key_blocks",
+    Case("fp16_many_key_blocks", point=('long_rows',),
          why="fp16 over 512 key blocks: the running state (l, acc) must stay fp32 between blocks; rounded to "
              "fp16 at each block, V = 1 drifts from 1 by 2^-8",
          Nq=32, Nk=8192, D=16, dtype="half", block_m=16, block_n=16, seed=55),
-    Case("causal_block_m_gt_block_n",
+    Case("large_accumulator", point=("long_rows",),
+         why="4096 keys scoring alike and values about 64: the unnormalised sums reach l ~ 1700 and acc ~ 1.1e5, "
+             "past fp16's largest value (65504), while the output stays about 64; a kernel that keeps its running "
+             "P.V sum (or rounds it) in fp16 overflows to inf (FlashAttention keeps them in fp32 for this), and in "
+             "bf16 rounds it to 8 bits. 20 queries: past a split-KV kernel's decode threshold, so one program sums "
+             "every key",
+         Nq=20, Nk=4096, D=16, data="large_sums", seed=72),
+    Case("causal_block_m_gt_block_n", point=('causal', 'queries_past_128'),
          why="causal with BLOCK_M > BLOCK_N (the GPU's default tiles are 128 x 64): the last key a query block "
              "sees is bounded by its BLOCK_M rows, not by BLOCK_N (200 rows: past one 128-row block)",
          Nq=200, Nk=200, D=16, causal=True, block_m=32, block_n=16, seed=56),
-    Case("causal_square", why="causal, Nq == Nk: the usual lower triangle (block diagonal masking)",
+    Case("causal_square", point=('causal',), why="causal, Nq == Nk: the usual lower triangle (block diagonal masking)",
          Nq=45, Nk=45, D=16, causal=True, block_m=16, block_n=16, seed=20),
-    Case("causal_nq_lt_nk",
+    Case("causal_nq_lt_nk", point=('causal', 'nq_lt_nk'),
          why="causal, Nq < Nk: bottom-right alignment, query i sees keys j <= i + Nk - Nq (FlashAttention)",
          Nq=20, Nk=53, D=16, causal=True, block_m=16, block_n=16, seed=21),
-    Case("causal_nq_gt_nk",
+    Case("causal_nq_gt_nk", point=('sees_no_key',),
          why="causal, Nq > Nk: the first Nq - Nk rows see no key and must give 0 (lse -inf), never NaN",
          Nq=53, Nk=20, D=16, causal=True, block_m=16, block_n=16, seed=22),
-    Case("causal_whole_blocks_masked",
+    Case("causal_whole_blocks_masked", point=('whole_blocks_see_no_key',),
          why="causal, Nq >> Nk: whole query blocks see no key (the loop runs zero times)",
          Nq=70, Nk=5, D=16, causal=True, block_m=16, block_n=16, seed=23),
-    Case("causal_default_blocks", why="causal with the kernel's own block sizes, awkward lengths",
+    Case("causal_default_blocks", point=('causal',), why="causal with the kernel's own block sizes, awkward lengths",
          Nq=77, Nk=93, D=24, causal=True, seed=24),
-    Case("layout_bthd", why="BTHD storage viewed as BHTD: heads and rows swap strides", B=2, H=3, Nq=19,
+    Case("layout_bthd", point=('layout',), why="BTHD storage viewed as BHTD: heads and rows swap strides", B=2, H=3, Nq=19,
          Nk=23, D=16, layout="bthd", seed=25),
-    Case("layout_gapped", why="gaps between rows and heads: strides are not shape products", B=2, H=3,
+    Case("layout_gapped", point=('layout',), why="gaps between rows and heads: strides are not shape products", B=2, H=3,
          Nq=19, Nk=23, D=16, layout="gapped", seed=26),
-    Case("layout_d_major", why="unit stride along N, not D: no kernel may assume stride_d == 1", B=2, H=2,
+    Case("layout_d_major", point=('layout',), why="unit stride along N, not D: no kernel may assume stride_d == 1", B=2, H=2,
          Nq=19, Nk=23, D=16, layout="d_major", seed=27),
-    Case("layout_mixed",
+    Case("layout_mixed", point=('layout',),
          why="q, k, v, out each in a different layout: one tensor's strides used for another's show",
          B=2, H=3, Nq=19, Nk=23, D=16, layout="mixed", seed=28),
-    Case("batch_heads", why="B > 1 and H > 1 with B != H: batch and head offsets must not be swapped",
+    Case("batch_heads", point=('batch_heads',), why="B > 1 and H > 1 with B != H: batch and head offsets must not be swapped",
          B=2, H=3, Nq=17, Nk=21, D=16, seed=29),
-    Case("batch_heads_mixed_causal", why="batch, heads, mixed layouts and causal cross-attention together",
+    Case("batch_heads_mixed_causal", point=('batch_heads', 'layout', 'causal', 'nq_gt_nk'), why="batch, heads, mixed layouts and causal cross-attention together",
          B=3, H=2, Nq=29, Nk=18, D=16, causal=True, layout="mixed", block_m=16, block_n=16, seed=30),
-    Case("gapped_odd_head_dim",
+    Case("gapped_odd_head_dim", point=('layout', 'odd_head_dim'),
          why="NaN gaps right after each row's last head-dim column, and only whole key blocks: a head-dim mask "
              "admitting column D on the unmasked fast path reads the gap (0 * NaN in the dot); found by the "
              "mutation sweep",
          H=2, Nq=19, Nk=128, D=24, layout="gapped", seed=41),
-    Case("causal_diagonal_at_block_edge",
+    Case("causal_diagonal_at_block_edge", point=('causal', 'diagonal'),
          why="causal, Nk - Nq = 62: row 0's last visible key sits one before a block boundary (64), so an "
              "off-by-one in the end of the fully visible key blocks lets it see key 63; found by the sweep",
          Nq=40, Nk=102, D=16, causal=True, seed=42),
-    Case("layout_mixed_many_keys",
+    Case("layout_mixed_many_keys", point=('layout', 'many_key_blocks'),
          why="q, k, v, out in different layouts with several key blocks at the kernel's own tiles: a pointer "
              "advanced by another tensor's row stride shows from the second block on",
          B=2, H=3, Nq=19, Nk=150, D=16, layout="mixed", seed=43),
-    Case("batch_heads_d64", why="B = H = 2 at D = 64 (the common head dim) with partial blocks: in fp16/bf16 "
+    Case("batch_heads_d64", point=('partial_query_block', 'partial_key_block'), why="B = H = 2 at D = 64 (the common head dim) with partial blocks: in fp16/bf16 "
          "the tensor-core path, fp32 accumulation, output in the input dtype",
          B=2, H=2, Nq=37, Nk=45, D=64, seed=31),
-    Case("causal_cross_d32", why="causal with Nq < Nk at D = 32", Nq=29, Nk=64, D=32, causal=True, seed=32),
-    Case("causal_cross_nq_gt_nk_d32", why="causal with Nq > Nk at D = 32: the first rows see no key",
+    Case("causal_cross_d32", point=('causal', 'nq_lt_nk'), why="causal with Nq < Nk at D = 32", Nq=29, Nk=64, D=32, causal=True, seed=32),
+    Case("causal_cross_nq_gt_nk_d32", point=('sees_no_key',), why="causal with Nq > Nk at D = 32: the first rows see no key",
          Nq=64, Nk=29, D=32, causal=True, seed=34),
     Case("fp32_precision",
          why="fp32 dots need input_precision='ieee'; tf32 keeps 10 mantissa bits (~1e-3 error) and must fail "
@@ -173,40 +185,40 @@ CATALOGUE = [
          "sum shared across rows lets it); that row's own output is not judged: the protocol admits finite "
          "inputs only",
          Nq=20, Nk=24, D=16, data="nan_input", seed=36),
-    Case("empty_queries", why="Nq = 0 is legal and gives an empty output", Nq=0, Nk=8, D=16, seed=37),
-    Case("long_sequence", why="a realistic size: many programs and key blocks with the default tiles",
+    Case("empty_queries", point=('empty_queries',), why="Nq = 0 is legal and gives an empty output", Nq=0, Nk=8, D=16, seed=37),
+    Case("long_sequence", point=('causal',), why="a realistic size: many programs and key blocks with the default tiles",
          B=2, H=4, Nq=1024, Nk=1024, D=64, causal=True, seed=38,
          gpu_only="size: the interpreter would take minutes"),
-    Case("offsets_over_2_31",
+    Case("offsets_over_2_31", point=('offsets_past_2_31',),
          why="B*H*N*D > 2^31 elements: batch/head offsets computed in int32 wrap around and read another "
              "head (or fault); eight (b, h) pairs judged, the last included. (Exactly 2^31 elements is not "
              "enough: the largest offset is then 2^31 - 1, which int32 still holds)",
          B=1040, H=32, Nq=512, Nk=512, D=128, dtype="half", seed=40, sample_heads=8,
          gpu_only="size: 4 GiB per tensor, beyond the interpreter"),
-    Case("long_cross_decode", why="decode-like: few queries, many keys, default tiles", B=2, H=4, Nq=3,
+    Case("long_cross_decode", point=('few_queries', 'nq_lt_nk'), why="decode-like: few queries, many keys, default tiles", B=2, H=4, Nq=3,
          Nk=4099, D=128, seed=39, gpu_only="size: the interpreter would take minutes"),
-    Case("split_kv_decode", why="decode (16 queries, 769 keys, B*H = 2): a split-KV kernel splits the keys, "
+    Case("split_kv_decode", point=('lengths',), why="decode (16 queries, 769 keys, B*H = 2): a split-KV kernel splits the keys, "
          "e.g. [0, 256) .. [768, 769): overlapping or dropped keys, or a wrongly weighted combine", H=2, Nq=16,
          Nk=769, D=32, seed=65),
-    Case("split_kv_decode_causal", why="split_kv_decode, causal: the last split's one key is seen by the last "
+    Case("split_kv_decode_causal", point=('lengths', 'causal'), why="split_kv_decode, causal: the last split's one key is seen by the last "
          "query only, so 15 rows have an empty split (lse -inf): its partial output must be 0, not 0/0",
          H=2, Nq=16, Nk=769, D=32, causal=True, seed=66),
     # Half precision in the layouts Hopper kernels read through tensor descriptors (TMA): 16-byte rows.
-    Case("half_descriptor_layout",
+    Case("half_descriptor_layout", point=('batch_heads', 'nq_lt_nk', 'odd_head_dim'),
          why="fp16/bf16, B != H, Nq < Nk, D = 24 (48-byte rows, head dim padded to 32): what a kernel loading K/V "
              "through tensor descriptors (TMA) gets wrong: the descriptor's row count (Nq for Nk), its width (the "
              "padded head dim reads the next row) or the (batch, head) coordinates",
          B=2, H=3, Nq=20, Nk=53, D=24, dtype="half", seed=67),
-    Case("half_descriptor_nq_gt_nk",
+    Case("half_descriptor_nq_gt_nk", point=('nq_gt_nk',),
          why="fp16/bf16 with Nq > Nk and 16-byte rows: a K/V descriptor sized by Nq reads past each head's keys "
              "(the last head's into memory it does not own)",
          H=2, Nq=48, Nk=20, D=32, dtype="half", seed=68),
-    Case("block_override_decode_d128",
+    Case("block_override_decode_d128", point=('one_query',),
          why="decode at D = 128 with a pinned BLOCK_M of 64: a tile override must still launch, whatever pipeline "
              "depth the kernel's default tile was tuned with (on an H200 the fused kernel's 4-stage decode "
              "default asked 273 KB of shared memory at 64 x 128; found by a generated case)",
          H=2, Nq=1, Nk=300, D=128, dtype="half", block_m=64, seed=71),
-    Case("half_unaligned_rows",
+    Case("half_unaligned_rows", point=('layout',),
          why="fp16/bf16 rows of D + 3 elements (38 bytes): tensor descriptors need 16-byte strides, so a TMA kernel "
              "must take another path here (or refuse), never fail or read misaligned rows",
          B=2, H=3, Nq=19, Nk=23, D=16, layout="gapped", dtype="half", seed=69),
@@ -214,6 +226,8 @@ CATALOGUE = [
 
 BY_NAME = {c.name: c for c in CATALOGUE}
 assert len(BY_NAME) == len(CATALOGUE), "catalogue names must be unique"
+for _entry in CATALOGUE:
+    check_points(_entry)
 
 
 def instances(dtypes=None, cases=None):

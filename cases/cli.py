@@ -11,13 +11,18 @@ add_arguments(parser) and run(args) -> exit code. The backend is chosen before a
 """
 import argparse
 import importlib
+import os
 import sys
+
+from flashcheck.cases import catalogue
+from flashcheck.cases.backend import BackendError, select_backend
 
 SUBCOMMANDS = {
     "verify": ("flashcheck.cases.verify.cli", "verify an attention kernel against the catalogue and the oracle"),
     "mutants": ("flashcheck.cases.corpus.cli", "run the bug corpus: every mutant must be killed"),
     "bench": ("flashcheck.cases.bench", "benchmark the fused kernel against torch's attention backends (GPU)"),
     "sanitize": ("flashcheck.cases.runner.sanitize", "run the catalogue under compute-sanitizer memcheck (GPU)"),
+    "merge": ("flashcheck.cases.report.merge", "merge the JSON records of a sharded verify (--shard I/N) into one"),
     "cases": ("flashcheck.cases.cli", "list the catalogue's cases"),
 }
 
@@ -27,8 +32,6 @@ def add_arguments(parser):
 
 
 def run(args):
-    from flashcheck.cases import catalogue
-
     for c in catalogue.CATALOGUE:
         if args.gpu_only and not c.gpu_only:
             continue
@@ -50,11 +53,9 @@ def main(argv=None):
         if name == chosen:
             importlib.import_module(module).add_arguments(p)
     args = parser.parse_args(argv)
-    import os
 
     if args.backend:
         os.environ["FLASHCHECK_BACKEND"] = args.backend
-    from flashcheck.cases.backend import BackendError, select_backend
 
     try:
         select_backend()

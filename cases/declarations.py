@@ -206,13 +206,10 @@ class Declarations:
     def head_dim_ok(self, d):
         return self.head_dims is None or any(lo <= d <= hi for lo, hi in self.head_dims)
 
-    def length_ok(self, n, allow_empty=False):
-        if n == 0 and allow_empty:
-            return self.min_seq == 0
-        return n >= self.min_seq and n % self.seq_multiple == 0 and (self.max_seq is None or n <= self.max_seq)
-
     def layouts(self):
         """The layouts of cases/inputs.py the kernel accepts."""
+        # lazy, as below: this module stays free of torch (the pytest plugin builds its options from FIELDS in every
+        # session, and a session without --flashcheck must not import torch)
         from flashcheck.cases.case import LAYOUTS
 
         return {"any": LAYOUTS, "last-dim-contiguous": _LAST_DIM_CONTIGUOUS, "aligned": _LAST_DIM_CONTIGUOUS,
@@ -241,7 +238,7 @@ class Declarations:
         if case.layout not in self.layouts():
             why.append(f"layout {case.layout} (--strides {self.strides})")
         elif self.strides == "aligned":
-            from flashcheck.cases.inputs import strides
+            from flashcheck.cases.inputs import strides   # lazy: see layouts()
 
             elt = case.torch_dtype.itemsize
             odd = [f"{name} {s}" for name, s in strides(case).items()

@@ -26,6 +26,7 @@ The Python API, loaded on first use (docs/api.md):
 Nothing here imports torch or Triton: the backend (GPU or Triton's CPU interpreter) must be chosen first, so
 every name above is imported lazily, when it is first looked up (module __getattr__).
 """
+import importlib
 import os as _os
 
 __version__ = "0.2.0"
@@ -59,7 +60,6 @@ def __getattr__(name):
         module, attribute = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'flashcheck' has no attribute {name!r}") from None
-    import importlib
 
     value = getattr(importlib.import_module(module), attribute)
     globals()[name] = value      # looked up once

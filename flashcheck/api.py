@@ -20,7 +20,12 @@ pytest plugin, which does.
 """
 import warnings
 
+from flashcheck.cases import report
+from flashcheck.cases.backend import BackendError, select_backend
+from flashcheck.cases.case import Case
+from flashcheck.cases.report import files
 from flashcheck.cases.runner.target import TargetError as _RunnerTargetError
+from flashcheck.cases.verify import engine
 from flashcheck.cases.verify.engine import UsageError
 
 __all__ = ["verify", "assert_attention", "Report", "UsageError", "TargetError", "NotJudgedWarning"]
@@ -74,8 +79,6 @@ class Report:
 
     @property
     def summary(self):
-        from flashcheck.cases import report
-
         return report.summary(self.run)
 
     def count(self, status):
@@ -85,24 +88,16 @@ class Report:
 
     def to_dict(self):
         """The JSON record (the document write_json writes)."""
-        from flashcheck.cases.report import files
-
         return files.to_dict(self.run)
 
     def write_json(self, path):
-        from flashcheck.cases.report import files
-
         files.write_json(self.run, str(path))
 
     def write_junit(self, path):
-        from flashcheck.cases.report import files
-
         files.write_junit(self.run, str(path))
 
     def text(self, quiet=False):
         """The text report of `flashcheck verify` (quiet: only the failures and the closing lines, as -q)."""
-        from flashcheck.cases import report
-
         return report.text(self.run, quiet)
 
     def __str__(self):
@@ -113,8 +108,6 @@ class Report:
 
 
 def _select_backend():
-    from flashcheck.cases.backend import BackendError, select_backend
-
     try:
         return select_backend()
     except BackendError as exc:
@@ -126,7 +119,6 @@ def _run(target, options):
     if not (isinstance(target, str) or callable(target)):
         raise UsageError(f"the kernel must be a callable or a 'MODULE:FUNCTION' string, got {type(target).__name__}")
     _select_backend()
-    from flashcheck.cases.verify import engine
 
     options.setdefault("progress", False)
     req = engine.request(target, **options)
@@ -160,8 +152,6 @@ def verify(fn, **options):
 
 def _select(cases):
     """(catalogue names, Case objects or source texts) from assert_attention's `cases`."""
-    from flashcheck.cases.case import Case
-
     items = [cases] if isinstance(cases, (str, Case)) else list(cases)
     if not items:
         raise UsageError("assert_attention: cases is empty: give case names, Case objects or their text, or leave "
@@ -263,6 +253,4 @@ def _not_judged_line(result):
 
 
 def _target_name(fn):
-    from flashcheck.cases.verify import engine
-
     return engine._name(fn)

@@ -5,7 +5,9 @@
     pytest --flashcheck=my_pkg.attn:forward --flashcheck-dtypes fp16,bf16 --flashcheck-only partial_last_key_block
 
 Installed, the plugin is registered through the `pytest11` entry point and does nothing at all unless a target
-is given: `--flashcheck=MODULE:FUNCTION` or the ini key `flashcheck_target`. Then:
+is given: `--flashcheck=MODULE:FUNCTION` or the ini key `flashcheck_target`. (So every import of flashcheck.cases
+and torch here is inside the hook that needs it: pytest loads this module in every session, and a session without
+a target must not import torch.) Then:
 
   * the backend is chosen (cases/backend.py select_backend) before any conftest.py is imported, so before
     Triton is, and again in pytest_configure (it is idempotent); under pytest-xdist worker gwN uses GPU
@@ -38,8 +40,10 @@ xdist worker after the item, so that pytest-xdist starts a fresh one; without xd
 
 Importing this module is cheap: nothing of torch or Triton is imported until the plugin is active.
 """
+import inspect
 import os
 import sys
+import time
 
 import pytest
 
@@ -68,6 +72,9 @@ def pytest_addoption(parser):
     group.addoption("--flashcheck-examples", dest="flashcheck_examples", type=int, default=None, metavar="N",
                     help="add one item, flashcheck::generated_examples, judging N generated cases within the "
                          "declarations (each distinct kind of failure shrunk to a minimal case); default 0")
+    group.addoption("--flashcheck-shard", dest="flashcheck_shard", default=None, metavar="I/N",
+                    help="collect only the I-th of N parts of the cases, as flashcheck verify --shard shares them out "
+                         "(a CI job matrix: each job one I)")
     group.addoption("--flashcheck-seed", dest="flashcheck_seed", type=int, default=None, metavar="S",
                     help="draw the generated cases from this seed (default: the same cases every run)")
     group.addoption("--flashcheck-repeat", dest="flashcheck_repeat", type=int, default=None, metavar="N",
@@ -88,7 +95,7 @@ def _add_declaration_options(parser):
     if getattr(parser, _ADDED, False):
         return
     setattr(parser, _ADDED, True)
-    from flashcheck.cases.declarations import FIELDS
+    from flashcheck.cases.declarations import FIELDS  # lazy: see the module docstring
 
     group = parser.getgroup(GROUP)
     for f in FIELDS:
@@ -122,7 +129,7 @@ def pytest_load_initial_conftests(early_config, parser, args):
 
 
 def _select_backend():
-    from flashcheck.cases.backend import BackendError, select_backend
+    from flashcheck.cases.backend import BackendError, select_backend  # lazy: see the module docstring
 
     try:
         return select_backend()
@@ -146,7 +153,7 @@ _FALSE = {"0", "false", "no", "off"}
 
 def _declarations(config):
     """The declarations given as options (first) or ini keys: {name: value}, as flashcheck.declare takes them."""
-    from flashcheck.cases.declarations import FIELDS
+    from flashcheck.cases.declarations import FIELDS  # lazy: see the module docstring
 
     values = {}
     for f in FIELDS:
@@ -190,20 +197,21 @@ class _State:
         if examples is None:
             examples = _int_ini(config, "flashcheck_examples") or 0
         options = dict(only=only, exclude=exclude, cases=tuple(option.flashcheck_case), examples=examples,
-                       seed=option.flashcheck_seed, isolate=False, progress=False)
+                       seed=option.flashcheck_seed, isolate=False, progress=False, shard=option.flashcheck_shard)
         if option.flashcheck_repeat is not None:
             options["repeat"] = option.flashcheck_repeat
         if option.flashcheck_properties is not None:
             options["properties"] = option.flashcheck_properties
-        from flashcheck.cases.declarations import DeclarationError, Declarations
-        from flashcheck.cases.runner.target import TargetError, split_target
-        from flashcheck.cases.verify import engine
+        from flashcheck.cases.declarations import DeclarationError, Declarations  # lazy: see the module docstring
+        from flashcheck.cases.runner.target import TargetError, split_target  # lazy: see the module docstring
+        from flashcheck.cases.verify import engine, shard  # lazy: see the module docstring
 
         declarations = _declarations(config)
         try:
             split_target(target)
             Declarations.make(**declarations)        # bad values are usage errors at once, not per item
             self.request = engine.request(target, **declarations, **options)
+            self.shard = shard.parse(self.request.shard)
         except (engine.UsageError, TargetError, DeclarationError) as exc:
             raise pytest.UsageError(f"--flashcheck: {exc}") from None
         if examples < 0:
@@ -215,10 +223,10 @@ class _State:
     def open(self):
         """Load the kernel in this process and plan the cases: [(case, origin, reason, group)].
         Raises the engine's UsageError or TargetError (a collection error)."""
-        from flashcheck.cases.backend import backend
-        from flashcheck.cases.runner.worker import InProcess
-        from flashcheck.cases.verify import engine
-        from flashcheck.cases.verify.judging import Settings
+        from flashcheck.cases.backend import backend  # lazy: see the module docstring
+        from flashcheck.cases.runner.worker import InProcess  # lazy: see the module docstring
+        from flashcheck.cases.verify import engine  # lazy: see the module docstring
+        from flashcheck.cases.verify.judging import Settings  # lazy: see the module docstring
 
         req = self.request
         self.backend = backend()
@@ -231,9 +239,7 @@ class _State:
         return engine.plan(selected, instance_names, excluded, self.decl, self.info, self.backend, req.max_memory)
 
     def judge(self, case):
-        import time
-
-        from flashcheck.cases.verify.judging import judge_case
+        from flashcheck.cases.verify.judging import judge_case  # lazy: see the module docstring
 
         t0 = time.perf_counter()
         verdict = judge_case(self.kernel, case, self.settings)
@@ -242,8 +248,6 @@ class _State:
 
     def location(self):
         """(path, 0-based line) of the kernel's source, where reports point (the repository root if unknown)."""
-        import inspect
-
         try:
             fn = inspect.unwrap(self.kernel)
             return inspect.getsourcefile(fn), inspect.getsourcelines(fn)[1] - 1
@@ -321,8 +325,8 @@ class GeneratedItem(pytest.Item):
         self.examples = examples
 
     def runtest(self):
-        from flashcheck.cases import report
-        from flashcheck.cases.verify import generated
+        from flashcheck.cases import report  # lazy: see the module docstring
+        from flashcheck.cases.verify import generated  # lazy: see the module docstring
 
         state = self.state
         req = state.request
@@ -330,7 +334,7 @@ class GeneratedItem(pytest.Item):
         progress = report.Progress(self.examples, enabled=False)
         try:
             generated.run(self.examples, req.seed, state.decl, state.info, state.backend, state.judge, run,
-                          run.results.append, progress, 0)
+                          run.results.append, progress, 0, the_shard=state.shard)
         except ImportError as exc:
             raise GeneratedFailed(f"--flashcheck-examples needs hypothesis ({exc}): pip install "
                                   "'flashcheck[test]'") from None
@@ -363,8 +367,12 @@ class Collector(pytest.Collector):
     def collect(self):
         state = self.state
         planned = state.open()
+        from flashcheck.cases.verify import shard  # lazy: see the module docstring
+
         items = []
         for case, origin, reason, group in planned:
+            if not shard.owns(state.shard, case.name):
+                continue
             item = CaseItem.from_parent(self, name=case.name, case=case, origin=origin, state=state)
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
@@ -375,8 +383,8 @@ class Collector(pytest.Collector):
         return items
 
     def repr_failure(self, excinfo, style=None):
-        from flashcheck.cases.runner.target import TargetError
-        from flashcheck.cases.verify.engine import UsageError
+        from flashcheck.cases.runner.target import TargetError  # lazy: see the module docstring
+        from flashcheck.cases.verify.engine import UsageError  # lazy: see the module docstring
 
         if isinstance(excinfo.value, (UsageError, TargetError)):
             return f"flashcheck: {self.state.target}: {excinfo.value}"
@@ -404,7 +412,7 @@ def pytest_report_header(config):
     state = config.stash.get(_STATE, None)
     if state is None:
         return None
-    from flashcheck.cases.backend import describe
+    from flashcheck.cases.backend import describe  # lazy: see the module docstring
 
     return f"flashcheck plugin: {state.target} on {describe()}"
 
@@ -415,7 +423,7 @@ def cuda_poisoned():
     """The text of a sticky CUDA error in this process (an illegal address poisons it for good), or None."""
     if "torch" not in sys.modules:
         return None
-    import torch
+    import torch  # lazy: see the module docstring
 
     if not torch.cuda.is_initialized():
         return None

@@ -13,6 +13,7 @@ from a case and the conventions a kernel declares.
     g(h) = h // (Hq // Hkv) (grouped, the protocol: FlashAttention, SDPA's enable_gqa) or h % Hkv (interleaved,
     declared).
 """
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -154,8 +155,6 @@ class Problem:
 
     def with_lengths(self, Nq=None, Nk=None):
         """The same problem at other lengths (the window, map and transform kept)."""
-        import dataclasses
-
         return dataclasses.replace(self, Nq=self.Nq if Nq is None else Nq, Nk=self.Nk if Nk is None else Nk)
 
 

@@ -39,7 +39,8 @@ words are environment variables.
 
 Comparing: volatile parts are masked on both sides before comparing: timings (`in 12.3 s`, `4 ms`) and the
 torch/triton versions of the backend line (`torch 2.13.0+cpu, triton 3.9.0`; the transcript keeps the
-versions that produced it; --strict compares them too). Trailing spaces and blank lines do not count.
+versions that produced it; --strict compares them too), and the compile cache's line (where it is, how full).
+Trailing spaces and blank lines do not count.
 
     python scripts/check_claims.py                 # check every claim of FILES (README.md, examples/, docs/)
     python scripts/check_claims.py --ci            # only the claims marked ci
@@ -74,6 +75,7 @@ FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")
 PROGRESS = re.compile(r"^\[\d+/\d+\] .* \(\d+ s, \d+ failed so far\)$")
 TIMING = re.compile(r"(?<![\w.])\d+(?:\.\d+)? ?(s|ms)\b")
 VERSIONS = re.compile(r"\btorch \S+, triton [^\s:,;)]+")
+CACHE = re.compile(r"compile cache: .*")   # where the compile cache is, and how full: this machine's own
 
 
 class MarkerError(Exception):
@@ -346,6 +348,7 @@ def normalise(lines, strict=False):
     out = []
     for ln in lines:
         ln = TIMING.sub(lambda m: "<T> " + m.group(1), ln.rstrip())
+        ln = CACHE.sub("compile cache: <C>", ln)
         if not strict:
             ln = VERSIONS.sub("torch <V>, triton <V>", ln)
         out.append(ln)

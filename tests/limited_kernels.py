@@ -3,6 +3,7 @@ works, and verify must tell its documented limits (declared, or raised as NotImp
 
 The reference answers come from examples/plain_attention.py (fp32 scores, softmax, P.V)."""
 import itertools
+import time
 
 import torch
 import torch.nn.functional as F
@@ -78,3 +79,52 @@ def garbage_beyond_max_seq(q, k, v, *, causal=False, scale=None):
     if max(q.shape[-2], k.shape[-2]) > 48:
         return torch.zeros_like(q)
     return matmul_softmax(q, k, v, causal=causal, scale=scale)
+
+
+FIRST_CALL_SECONDS = 2.5
+_specialised = set()
+
+
+def slow_first_call(q, k, v, *, causal=False, scale=None):
+    """Right, but its first call with each new set of shapes takes FIRST_CALL_SECONDS, as a kernel that compiles
+    (or autotunes) for every shape does: a --timeout shorter than that must not fail it, the compile limit does."""
+    key = (tuple(q.shape), tuple(k.shape), tuple(v.shape), q.dtype, causal)
+    if key not in _specialised:
+        time.sleep(FIRST_CALL_SECONDS)
+        _specialised.add(key)
+    return matmul_softmax(q, k, v, causal=causal, scale=scale)
+
+
+def float32_without_out(q, k, v, *, causal=False, scale=None, out=None):
+    """Right into an out= it is given, but without one it allocates its result in float32, whatever the inputs: the
+    path most callers take breaks the output contract (the dtype of q)."""
+    result = matmul_softmax(q, k, v, causal=causal, scale=scale)
+    if out is None:
+        return result.float()
+    return out.copy_(result)
+
+
+def fp16_accumulator(q, k, v, *, causal=False, scale=None, block_n=64):
+    """An online softmax whose running P.V sum is kept in fp16 between key blocks (a tensor-core accumulator in the
+    input dtype): right while the unnormalised sums stay small, inf once they pass fp16's 65504."""
+    import math
+
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    m = torch.full((B, H, Nq, 1), float("-inf"))
+    l = torch.zeros((B, H, Nq, 1))
+    acc = torch.zeros((B, H, Nq, D), dtype=torch.float16)
+    rows = torch.arange(Nq)[:, None]
+    for start in range(0, Nk, block_n):
+        s = (q.float() @ k[:, :, start:start + block_n].float().transpose(-1, -2)) * scale
+        if causal:
+            cols = torch.arange(start, start + s.shape[-1])[None, :]
+            s = s.masked_fill(cols > rows + Nk - Nq, float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        c, p = torch.exp(m - shift), torch.exp(s - shift)
+        l = l * c + p.sum(-1, keepdim=True)
+        acc = (acc.float() * c + p @ v[:, :, start:start + block_n].float()).half()
+        m = m_new
+    return (acc.float() / torch.where(l == 0, torch.ones_like(l), l)).to(q.dtype)

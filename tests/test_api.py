@@ -198,17 +198,17 @@ def test_cases_not_judged_here_warn_and_strict_fails(backend):
         assert flashcheck.assert_attention(make_kernel(), gpu_case) is None   # nothing else selected
 
 
-def test_assert_attention_runs_the_whole_catalogue_by_default(monkeypatch):
-    seen = {}
+def test_assert_attention_runs_the_whole_catalogue_by_default():
+    """With no cases named, every catalogue entry is judged: a kernel wrong only at the catalogue's largest head dim
+    (its last entry by head dim) is caught, and the message names that case."""
+    def wrong_at_d256(q, k, v, *, causal=False, scale=None):
+        out = _attention(q, k, v, causal, scale)
+        return out + 0.1 if q.shape[-1] == 256 else out
 
-    def run(target, options):
-        seen.update(options)
-        raise flashcheck.UsageError("stop here")
-
-    monkeypatch.setattr(flashcheck.api, "_run", run)
-    with pytest.raises(flashcheck.UsageError, match="stop here"):
-        flashcheck.assert_attention(make_kernel())
-    assert seen == {"isolate": False, "examples": 0}
+    with pytest.raises(AssertionError, match=r"head_dim_256\[fp32\]") as raised:
+        flashcheck.assert_attention(wrong_at_d256, dtypes="fp32")
+    failed = [ln for ln in str(raised.value).splitlines() if ln.startswith("FAIL ")]
+    assert failed and all("head_dim_256" in ln for ln in failed), str(raised.value)[-2000:]
 
 
 def test_report_text_is_what_the_command_prints():

@@ -4,7 +4,6 @@ import pytest
 
 from flashcheck.cases import catalogue
 from flashcheck.cases.declarations import Declarations
-from flashcheck.cases.generate import strategies as S
 from flashcheck.cases.verify.engine import TRITON_BF16
 from flashcheck.cases.verify.judging import Settings, judge_case
 from flashcheck.kernel import fused, unfused
@@ -23,11 +22,8 @@ def test_case(kernel, case, backend):
     if backend != "gpu" and (case.gpu_only or case.dtype == "bf16"):
         pytest.skip(case.gpu_only or TRITON_BF16)
     attention = KERNELS[kernel]
-    # the properties on every case cost minutes in Triton's interpreter: on the CPU they run under the thorough
-    # profile (tests/test_properties.py and the corpus's kills run them under every profile)
-    properties = backend == "gpu" or S.current_profile() == "thorough"
     verdict = judge_case(attention, case, Settings(target=f"kernel.{kernel}:attention",
-                                                   decl=Declarations.of(attention), properties=properties))
+                                                   decl=Declarations.of(attention)))
     assert verdict.passed, verdict.report()
 
 

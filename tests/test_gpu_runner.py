@@ -1,6 +1,7 @@
 """The GPU runner: device faults stay contained, workers restart cleanly, memcheck sees out-of-bounds access."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -45,3 +46,10 @@ def test_escaped_fault_restarts_the_worker():
 def test_memcheck_clean_kernel_and_flagged_mutants():
     proc = _run(["-m", "flashcheck", "sanitize", "--mutant", "kv_mask_plus", "--mutant", "store_no_row_mask"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # each line: "SPEC: memcheck errors N, exit E, T s -> VERDICT"; the kernel clean, each mutant with errors
+    lines = {m.group(1): (int(m.group(2)), m.group(3)) for m in
+             re.finditer(r"^(\S+): memcheck errors (\d+), exit -?\d+, [\d.]+ s -> (\w+)", proc.stdout, re.M)}
+    assert lines.get("flashcheck.kernel.fused:attention") == (0, "clean"), proc.stdout
+    for mutant in ("kv_mask_plus", "store_no_row_mask"):
+        errors, verdict = lines[f"mutant:{mutant}"]
+        assert errors > 0 and verdict == "flagged", proc.stdout

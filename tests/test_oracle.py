@@ -96,14 +96,18 @@ def test_exception_and_bad_return():
 
 
 def test_hand_value_is_exact():
+    """7.5 must come out bit-exact: one ulp off passes the reference's tolerance (fp32, a few ulps of 7.5) and is
+    caught by the hand value alone."""
     case = Case("seven_and_a_half", Nq=1, Nk=2, D=1, data="explicit", q=((1.0,),), k=((1.0,), (1.0,)),
                 v=((5.0,), (10.0,)), expected=((7.5,),), exact=True)
     assert judge(fused.attention, case).passed
 
-    def nearly(q, k, v, **kw):
-        return fused.attention(q, k, v, **kw) + 1e-6
-    verdict = judge(nearly, case)
-    assert not verdict.passed
+    def one_ulp_off(q, k, v, **kw):
+        out = fused.attention(q, k, v, **kw)
+        return torch.nextafter(out, torch.full_like(out, 8.0))
+    verdict = judge(one_ulp_off, case)
+    assert verdict.kind == "hand value", verdict.report()
+    assert verdict.failures[0].got == np.nextafter(np.float32(7.5), np.float32(8.0))
 
 
 def test_lse_checked():
@@ -134,13 +138,22 @@ def test_properties_catch_what_one_reference_run_cannot():
 
 
 def test_invariant_causal_future_keys():
+    """A causal kernel that lets row 0 read the keys past its diagonal, but only where they are large, passes the
+    reference on the case's own inputs (randn keys stay small) and is caught by the causal_hidden_keys relation,
+    which gives exactly those keys values several times larger."""
+    from flashcheck.cases.generate import properties
+
     case = Case("causal_probe", Nq=20, Nk=20, D=16, causal=True, seed=5)
 
-    def peeks_at_last_key(q, k, v, **kw):
+    def peeks_at_large_future_keys(q, k, v, **kw):
         out = fused.attention(q, k, v, **kw)
-        out[:, :, :1] += 1e-3 * v[:, :, -1:].abs().clamp(max=1)
+        leak = (v[:, :, 1:].abs() > 5).any(dim=(2, 3), keepdim=True)
+        out[:, :, :1] += 1e-2 * leak
         return out
-    assert not judge(peeks_at_last_key, case).passed
+    assert judge(peeks_at_large_future_keys, case).passed
+    found = properties.causal_hidden_keys(peeks_at_large_future_keys, case, (0, 7))
+    assert found is not None and found.prop == "causal_hidden_keys" and found.failure.kind == "invariant", found
+    assert found.failure.where[2] == 0
 
 
 def test_tolerance_is_derived_per_dtype():
@@ -151,6 +164,24 @@ def test_tolerance_is_derived_per_dtype():
     assert e16.tol.shape == e16.out.shape and np.isfinite(e16.out).all()
     assert 1e-4 < e16.tol.max() < 2e-2 and e32.tol.max() < 1e-4
     assert e16.tol.max() < 0.1 * np.abs(e16.out).max()
+
+
+def test_reference_equals_every_hand_value_of_the_catalogue():
+    """The catalogue's hand values (7.5, the mean of V under equal scores or scale 0, one key's row) are answers known
+    without the reference: the float64 reference must give them, to its own rounding, in every dtype."""
+    from flashcheck.cases import catalogue
+    from flashcheck.cases.oracle.layers import _hand_value
+
+    checked = 0
+    for case in catalogue.instances():
+        if case.expected is None or case.gpu_only:
+            continue
+        qkv = oracle.inp.values(case)
+        e = oracle.expectation(case, qkv, "cpu")
+        hand = _hand_value(case, qkv)
+        np.testing.assert_allclose(e.out, hand, rtol=1e-12, atol=1e-12, err_msg=case.name)
+        checked += 1
+    assert checked >= 9, checked
 
 
 def test_case_source_round_trips():

@@ -185,3 +185,17 @@ def test_the_entry_point_loads_the_plugin(repo):
                      "--flashcheck-only", "hand_one_query_two_keys[fp32]", "-m", "flashcheck", autoload=True)
     assert proc.returncode == 0, explain(proc)
     assert "1 passed" in proc.output
+
+
+def test_shards_collect_disjoint_parts_that_make_the_whole(repo):
+    """--flashcheck-shard I/N collects the I-th part of the cases, as verify --shard shares them out: the shards
+    are disjoint and together hold every item of the unsharded run."""
+    args = ["--flashcheck=pkg.attn:forward", "-v", "--flashcheck-only",
+            "hand_one_query_two_keys,partial_last_key_block,causal_square,one_key,cross_nq_gt_nk"]
+    whole = outcomes(pytest_in(repo, *args).output)
+    parts = [outcomes(pytest_in(repo, *args, "--flashcheck-shard", f"{i}/3").output) for i in (1, 2, 3)]
+    assert len(whole) == 15 and sum(len(p) for p in parts) == len(whole), (whole, parts)
+    merged = {}
+    for p in parts:
+        merged.update(p)
+    assert merged == whole

@@ -67,16 +67,16 @@ def test_ieee_fma_path_passes_every_fp32_catalogue_case():
     assert proc.returncode == 0 and " 0 failed" in proc.stdout, explain(proc)
 
 
-def test_ieee_paths_agree_with_the_device_choice():
-    """On the H200's kind (compute capability 9.0) "ieee" runs on the fp64 tensor cores, elsewhere as FMAs; both
-    are within a few fp32 ulps of each other and of float64 on a whole-block case."""
+def test_default_ieee_path_is_as_accurate_as_fp32_fmas():
+    """Whatever path "ieee" takes on this GPU (the fp64 tensor cores on the H200's kind, fp32 FMAs elsewhere), no
+    product is rounded to tf32 and it is at least as accurate against float64 as the FMA path on a whole-block
+    case (H200: 1.4e-7 against 7.4e-7); tf32 would be about 1e-3 off."""
     from flashcheck.kernel import fused
     from tests.fused_paths import attention_ieee_fma
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, 256, 128, device="cuda") for _ in range(3))
     expect = torch.softmax((q.double() @ k.double().transpose(-1, -2)) / 128 ** 0.5, -1) @ v.double()
-    on_h200 = torch.cuda.get_device_capability() == (9, 0)
-    assert fused.dot_precision(torch.float32, "ieee") == ("fp64" if on_h200 else "ieee")
-    for out in (fused.attention(q, k, v), attention_ieee_fma(q, k, v)):
-        assert (out.double() - expect).abs().max().item() < 2e-6
+    default, fma = ((out.double() - expect).abs().max().item() for out in (fused.attention(q, k, v),
+                                                                           attention_ieee_fma(q, k, v)))
+    assert fma < 2e-6 and default <= fma * 1.05, (default, fma)

@@ -78,3 +78,29 @@ def test_trivial_answers_are_never_a_pass():
             assert verdict.status in ("fail", "inconclusive"), (case.name, kernel.__name__, verdict.report())
             if case.name == "tight":
                 assert verdict.failed, verdict.report()
+
+
+def test_convex_hull_judges_tightly_where_the_reference_is_loose():
+    """fp16 scores of about +-1e3 leave rows the dtype cannot resolve, where the reference's tolerance is wide: an
+    output pushed past the largest value its row sees, by half that room, still passes the reference. The hull
+    allows only the roundings after the softmax, so it fails that output."""
+    import numpy as np
+
+    from flashcheck.cases import inputs, oracle
+
+    case = Case("hull_probe", Nq=16, Nk=40, D=32, dtype="fp16", data="large", seed=1)
+    e = oracle.expectation(case, inputs.values(case), "cpu")
+    room = e.tol - (e.hull_hi - e.out)                 # how far above the hull the reference would still pass
+    w = np.unravel_index(int(np.nanargmax(room / e.tol_hull)), room.shape)
+    assert room[w] > 20 * e.tol_hull[w]                # a loose row: the reference allows far more than the hull
+    past = float(e.hull_hi[w] + room[w] / 2)
+
+    def beyond_the_hull(q, k, v, **kw):
+        out = fused.attention(q, k, v, **kw)
+        out[w] = past
+        return out
+
+    assert oracle.judge(beyond_the_hull, case).status in ("pass", "inconclusive")
+    found = P.convex_hull(beyond_the_hull, case)
+    assert found is not None and found.failure.where == tuple(int(x) for x in w), found
+    assert P.convex_hull(fused.attention, case) is None

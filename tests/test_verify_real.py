@@ -228,3 +228,42 @@ def test_relations_respect_the_declarations():
     proc = verify(f"{LIMITED}:garbage_beyond_max_seq", "--only", "partial_last_key_block", "-q")
     assert proc.returncode == 0, explain(proc)
     assert "passed, 0 failed" in proc.stdout, explain(proc)
+
+
+def test_compile_time_is_not_the_answer(tmp_path):
+    """A kernel slower than --timeout on its first call with each new shape (compiling, autotuning) passes: those
+    calls have the compile limit. With a compile limit below its first-call time it fails as a timeout that names
+    the compile limit, never the per-call one."""
+    from tests.limited_kernels import FIRST_CALL_SECONDS
+
+    target = f"{LIMITED}:slow_first_call"
+    ok, rep = _json(tmp_path, target, "--only", "one_query,causal_nq_gt_nk", "--dtypes", "fp32", "--timeout", "1")
+    assert ok.returncode == 0 and rep["summary"]["passed"] == 2, explain(ok)
+    short = str(FIRST_CALL_SECONDS / 2)
+    cut, rep = _json(tmp_path, target, "--only", "one_query", "--dtypes", "fp32", "--timeout", "1",
+                     "--compile-timeout", short)
+    assert cut.returncode == 1, explain(cut)
+    [case] = rep["cases"]
+    assert case["kind"] == "timeout" and f"compile limit of {short} s" in case["failures"][0]["message"], case
+
+
+def test_the_path_without_out_is_judged_too(tmp_path):
+    """A kernel that takes out= is judged on the call without it as well: one that allocates float32 there fails as a
+    bad return naming what it should have returned; with out= alone it would have passed."""
+    proc, rep = _json(tmp_path, f"{LIMITED}:float32_without_out", "--only", "one_query", "--dtypes", "fp16")
+    assert proc.returncode == 1, explain(proc)
+    [case] = rep["cases"]
+    message = case["failures"][0]["message"]
+    assert case["kind"] == "bad return" and "without out=" in message and "torch.float16" in message, case
+
+
+def test_an_fp16_accumulator_fails_the_large_accumulator_case(tmp_path):
+    """A kernel whose running P.V sum is fp16 is right on ordinary rows (short ones, and 150 keys in ten blocks) and
+    overflows in the large-accumulator case (thousands of alike keys, values far from 0)."""
+    target = f"{LIMITED}:fp16_accumulator"
+    ok, _ = _json(tmp_path, target, "--only", "one_query,many_key_chunks", "--dtypes", "fp16")
+    assert ok.returncode == 0, explain(ok)
+    bad, rep = _json(tmp_path, target, "--only", "large_accumulator[fp16]")
+    assert bad.returncode == 1, explain(bad)
+    [case] = rep["cases"]
+    assert case["status"] == "fail" and case["kind"] in ("NaN", "mismatch"), case

@@ -13,8 +13,14 @@ This module imports neither Triton nor kernel.* at import time: the backend is c
 import argparse
 import sys
 import time
+import warnings
 
+from flashcheck.cases import catalogue
+from flashcheck.cases.backend import backend, describe
+from flashcheck.cases.case import parse_case
+from flashcheck.cases.corpus import mutants, sweep
 from flashcheck.cases.oracle.kinds import Kind
+from flashcheck.cases.report import publish
 
 
 def add_arguments(parser):
@@ -39,9 +45,6 @@ def add_arguments(parser):
 
 
 def run(args):
-    import warnings
-
-    from flashcheck.cases.corpus import mutants
 
     # mutants compute NaN and inf on purpose: NumPy's warnings from inside the interpreter are noise here
     warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.")
@@ -52,7 +55,6 @@ def run(args):
     if args.jobs < 1:
         print("flashcheck mutants: --jobs must be >= 1", file=sys.stderr)
         return 2
-    from flashcheck.cases.case import parse_case
 
     try:
         args.extra_cases = [parse_case(text) for text in args.extra_case]
@@ -60,7 +62,6 @@ def run(args):
         print(f"flashcheck mutants: --extra-case: {exc}", file=sys.stderr)
         return 2
     if args.sweep:
-        from flashcheck.cases.corpus import sweep
 
         return sweep.run(args)
     return _matrix(args)
@@ -71,11 +72,6 @@ def progress(text):
 
 
 def _matrix(args):
-    from flashcheck.cases import catalogue
-    from flashcheck.cases.corpus import mutants
-    from flashcheck.cases.backend import backend, describe
-    from flashcheck.cases.report import publish
-
     be = backend()
     try:
         chosen = [mutants.get(n) for n in args.mutant] if args.mutant else list(mutants.MUTANTS)
@@ -132,8 +128,6 @@ def _matrix(args):
 
 
 def _report(be, where, cases, tasks, outcomes, skipped, seconds, killers_only):
-    from flashcheck.cases import catalogue
-
     rows = []
     for (m, judged_cases), results in zip(tasks, outcomes):
         res = {c.name: {"kind": str(v.kind), "passed": not v.failed, "seconds": round(v.seconds, 3),

@@ -20,13 +20,21 @@ a generated mutant can write far outside the guard bands and corrupt the interpr
 """
 import atexit
 import difflib
+import queue
 import shutil
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from flashcheck.cases.runner.target import import_file_as
+from flashcheck.cases import catalogue
+from flashcheck.cases.backend import backend
+from flashcheck.cases.declarations import Declarations
+from flashcheck.cases.oracle import Failure, Kind, Verdict
+from flashcheck.cases.runner.target import Loaded, TargetError, import_file_as
+from flashcheck.cases.runner.worker import Died, Hung, Raised, Worker
+from flashcheck.cases.verify.judging import Settings, judge_case
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernel"   # flashcheck.kernel, in a checkout or a wheel
 MODULES = {"fused": KERNEL_DIR / "fused.py", "unfused": KERNEL_DIR / "unfused.py"}
@@ -52,18 +60,6 @@ class Mutant:
     @property
     def all_edits(self):
         return ((self.find, self.replace),) + tuple(tuple(e) for e in self.edits)
-
-    def to_json(self):
-        return {"name": self.name, "module": self.module, "edits": [list(e) for e in self.all_edits],
-                "breaks": self.breaks, "origin": self.origin, "killers": list(self.killers),
-                "gpu_only": self.gpu_only, "entry": self.entry}
-
-    @classmethod
-    def from_json(cls, d):
-        (find, replace), *rest = d["edits"]
-        return cls(d["name"], d["module"], find, replace, d.get("breaks", ""), d.get("origin", ""),
-                   tuple(d.get("killers", ())), d.get("gpu_only", ""), tuple(tuple(e) for e in rest),
-                   d.get("entry", "attention"))
 
 
 def _kernel_text(module):
@@ -142,14 +138,23 @@ def target(mutant):
 
 
 def spec(mutant):
-    """What the runner loads for a mutant: its name for one of the corpus, the Mutant itself for a generated
-    one (the sweep's)."""
-    return f"mutant:{mutant.name}" if BY_NAME.get(mutant.name) == mutant else mutant
+    """What the runner loads for a mutant (cases/runner/target.py Loaded): its name for one of the corpus, the
+    Mutant itself for a generated one (the sweep's)."""
+    if BY_NAME.get(mutant.name) == mutant:
+        return Loaded("flashcheck.cases.corpus.mutants:kernel_named", mutant.name, f"mutant {mutant.name}")
+    return Loaded("flashcheck.cases.corpus.mutants:kernel", mutant, f"mutant {mutant.name}")
+
+
+def kernel_named(name):
+    """The attention function of the corpus's mutant `name` (the runner's loader for spec(); TargetError for a name
+    the corpus does not have)."""
+    try:
+        return kernel(get(name))
+    except KeyError as exc:
+        raise TargetError(str(exc.args[0])) from None
 
 
 def _cases(mutant, cases):
-    from flashcheck.cases import catalogue
-
     return [catalogue.get(c) if isinstance(c, str) else c for c in (mutant.killers if cases is None else cases)]
 
 
@@ -159,8 +164,6 @@ def kill(mutant, cases=None, *, isolate=None, timeout=None):
 
     isolate (default: on the GPU backend) runs the judging in the worker processes of cases/runner/worker.py:
     a device fault or a crash there is a kill of this mutant and leaves this process intact."""
-    from flashcheck.cases.backend import backend
-
     cases = _cases(mutant, cases)
     if isolate is None:
         isolate = backend() == "gpu"
@@ -178,9 +181,6 @@ def killed(results):
 def judge_in_worker(attention, case, name):
     """The verdict of one case on a mutant, judged exactly as verify judges a kernel (the oracle's layers,
     then the properties); a mutant is one of our kernels and carries their declarations."""
-    from flashcheck.cases.declarations import Declarations
-    from flashcheck.cases.verify.judging import Settings, judge_case
-
     return judge_case(attention, case, Settings(target=name, decl=Declarations.of(attention)))
 
 
@@ -188,9 +188,6 @@ DEFAULT_TIMEOUT = 600.0      # seconds a case may take before the worker is decl
 
 
 def _judge_task(worker, mutant, cases, stop_at_first, timeout, on_verdict):
-    from flashcheck.cases.oracle import Failure, Kind, Verdict
-    from flashcheck.cases.runner.worker import Died, Hung, Raised
-
     worker.open(spec(mutant))
     results = []
     for case in cases:
@@ -215,12 +212,6 @@ def judge_isolated(tasks, jobs=1, stop_at_first=False, timeout=None, on_done=Non
     """Judge [(mutant, cases)] in `jobs` workers (cases/runner/worker.py), each mutant in a child of its own.
     Returns the [(case, Verdict)] lists in the order of the tasks; on_done(index, mutant, results) is called
     as each task finishes. A mutant that no longer applies or does not import raises RuntimeError."""
-    import queue
-    import threading
-
-    from flashcheck.cases.runner.target import TargetError
-    from flashcheck.cases.runner.worker import Worker
-
     pending = queue.Queue()
     for i, task in enumerate(tasks):
         pending.put((i, task))
@@ -228,7 +219,8 @@ def judge_isolated(tasks, jobs=1, stop_at_first=False, timeout=None, on_done=Non
     errors = []
 
     def slot():
-        worker = Worker(timeout or DEFAULT_TIMEOUT)
+        # the corpus's kernels are the project's own: their first call compiles within the same generous limit
+        worker = Worker(timeout or DEFAULT_TIMEOUT, compile_timeout=timeout or DEFAULT_TIMEOUT)
         try:
             while not errors:
                 try:
@@ -420,12 +412,12 @@ MUTANTS = [
            "acc = _mma(p.to(v.dtype), v, acc, INPUT_PRECISION).to(v.dtype).to(acc.dtype)",
            "the accumulator kept in the input dtype between key blocks (fp16/bf16): each block's rounding "
            "adds up, and over hundreds of blocks the output drifts past the tolerance",
-           _SEED_STATE + " (acc is fp32)", ("fp16_many_key_blocks",)),
+           _SEED_STATE + " (acc is fp32)", ("fp16_many_key_blocks", "large_accumulator[fp16]")),
     Mutant("l_in_input_dtype", "fused",
            "l_i = l_i * c + tl.sum(p, 1)", "l_i = (l_i * c + tl.sum(p, 1)).to(v.dtype).to(tl.float32)",
            "the running denominator kept in the input dtype between key blocks (fp16/bf16): the normaliser "
            "drifts, so rows no longer sum to 1",
-           _SEED_STATE + " (l is accumulated in fp32 like acc)", ("fp16_many_key_blocks",)),
+           _SEED_STATE + " (l is accumulated in fp32 like acc)", ("fp16_many_key_blocks", "large_accumulator[fp16]")),
     Mutant("m_never_updated", "fused",
            "        m_i = m_new  # guards: mutant m_never_updated\n", "",
            "the running max is never updated: c = 0 at every block, so only the last key block counts and "

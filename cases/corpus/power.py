@@ -22,9 +22,19 @@ as a kill ("crash" or "device fault"), as a hang past --timeout does ("timeout")
 import argparse
 import json
 import os
+import queue
 import sys
+import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass
+
+from flashcheck.cases.backend import backend, describe, select_backend
+from flashcheck.cases.corpus import mutants
+from flashcheck.cases.generate import properties
+from flashcheck.cases.generate.properties import NAMES
+from flashcheck.cases.runner.target import TargetError
+from flashcheck.cases.runner.worker import Died, Hung, Raised, Worker
 
 DEFAULT_EXAMPLES = 40
 DEFAULT_TIMEOUT = 900.0
@@ -36,7 +46,7 @@ class Outcome:
     module: str
     status: str             # "killed", "missed", "skipped" (GPU only here), "error" (does not apply / load)
     prop: str = ""          # the property that killed it
-    kind: str = ""          # the failure kind (oracle.KINDS, or "crash" / "timeout")
+    kind: str = ""          # the failure kind (an oracle Kind's text)
     detail: str = ""        # the failure's first line, the skip reason, or the error
     entry: str = ""         # the killing case as a catalogue entry (Case.source())
     examples: int = 0       # generated cases tried (shrinking included)
@@ -46,9 +56,7 @@ class Outcome:
 def hunt(attention, mutant, examples, shrink, seed, props, representative=True):
     """Search the properties for a failure of the mutant (its loaded `attention`). Returns an Outcome as a
     dict. Runs in the runner's child (or in this process with isolate=False)."""
-    from flashcheck.cases.corpus import mutants
-    from flashcheck.cases.generate import properties
-    from flashcheck.kernel import fused, unfused
+    from flashcheck.kernel import fused, unfused   # lazy: Triton, after main() has chosen the backend
 
     other = fused.attention if mutant.module == "unfused" else unfused.attention
     result = properties.search(attention, examples, other=other, target=mutants.target(mutant),
@@ -64,10 +72,6 @@ def hunt(attention, mutant, examples, shrink, seed, props, representative=True):
 
 def _hunt_isolated(worker, mutant, examples, shrink, seed, props, timeout, representative=True):
     """hunt() in the runner's child; a child that dies or hangs kills the mutant (crash / timeout)."""
-    from flashcheck.cases.corpus import mutants
-    from flashcheck.cases.runner.target import TargetError
-    from flashcheck.cases.runner.worker import Died, Hung, Raised
-
     t0 = time.perf_counter()
     try:
         worker.open(mutants.spec(mutant))
@@ -91,13 +95,6 @@ def measure(names=None, *, examples=DEFAULT_EXAMPLES, props=None, shrink=False, 
     mutants), in corpus order. jobs > 1 hunts that many mutants at once (isolated only); progress(outcome)
     is called as each one ends, in the order they end. representative=False: the drawn cases alone, without
     the representative cases verify judges first (properties.search)."""
-    import queue
-    import threading
-
-    from flashcheck.cases.backend import backend
-    from flashcheck.cases.corpus import mutants
-    from flashcheck.cases.runner.worker import Worker
-
     chosen = [mutants.get(n) for n in names] if names else list(mutants.MUTANTS)
     outcomes = [None] * len(chosen)
     lock = threading.Lock()
@@ -123,7 +120,7 @@ def measure(names=None, *, examples=DEFAULT_EXAMPLES, props=None, shrink=False, 
             pending.put((i, m))
 
     def slot():
-        worker = Worker(timeout)
+        worker = Worker(timeout, compile_timeout=timeout)   # the project's own kernels compile within it
         try:
             while True:
                 try:
@@ -197,16 +194,11 @@ def main(argv=None):
         parser.error("--jobs needs the forked children; drop --no-isolate")
     if args.backend:
         os.environ["FLASHCHECK_BACKEND"] = args.backend
-    from flashcheck.cases.backend import describe, select_backend
 
     select_backend()
-    import warnings
 
     # mutants compute NaN and inf on purpose: NumPy's warnings from inside the interpreter are noise here
     warnings.filterwarnings("ignore", category=RuntimeWarning)
-    from flashcheck.cases.corpus import mutants
-
-    from flashcheck.cases.generate.properties import NAMES
 
     unknown = [n for n in args.mutant or () if n not in mutants.BY_NAME]
     if unknown:

@@ -27,7 +27,11 @@ import time
 import tokenize
 from dataclasses import dataclass
 
-from flashcheck.cases.corpus.mutants import MODULES, Mutant
+from flashcheck.cases import catalogue
+from flashcheck.cases.backend import backend, describe
+from flashcheck.cases.corpus import mutants
+from flashcheck.cases.corpus.mutants import MODULES, Mutant, diff
+from flashcheck.cases.report import publish
 
 # Cases first that kill many mutants quickly, so that the stop-at-first-kill search is short.
 FIRST = ("partial_last_key_block", "causal_nq_gt_nk", "partial_last_query_block", "cross_nq_lt_nk",
@@ -243,8 +247,6 @@ def generate(module="fused"):
 
 
 def sweep_diff(g):
-    from flashcheck.cases.corpus.mutants import diff
-
     return diff(g.mutant)
 
 
@@ -254,11 +256,6 @@ def _progress(text):
 
 def run(args):
     """flashcheck mutants --sweep: judge every generated mutant, print the score and the survivors."""
-    from flashcheck.cases import catalogue
-    from flashcheck.cases.corpus import mutants
-    from flashcheck.cases.backend import backend, describe
-    from flashcheck.cases.report import publish
-
     be = backend()
     generated = generate()
     if args.limit is not None:

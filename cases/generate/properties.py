@@ -35,13 +35,18 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Flaky
 
 from flashcheck.cases import inputs as inp
 from flashcheck.cases import oracle
+from flashcheck.cases.backend import backend as active_backend
+from flashcheck.cases.backend import device as active_device
+from flashcheck.cases.declarations import Declarations
+from flashcheck.cases.generate import strategies as S
 from flashcheck.cases.oracle.tolerance import Expectation
 from flashcheck.reference.numpy_ref import causal_shift, visible
-
-REFERENCE_LAYERS = oracle.LAYERS
 
 
 @dataclass
@@ -93,17 +98,19 @@ class Run:
 
 class Trial:
     """One kernel on one case: the case's inputs, their oracle expectation and the base run, each computed
-    once and shared by every property checked on the case."""
+    once and shared by every property checked on the case (verify hands over what the oracle's run already has:
+    qkv, expect, base). without_out=True: every run without out= (the path a kernel that takes out= is called
+    without most: verify's properties judge it there)."""
 
-    def __init__(self, kernel, case, *, device=None, target="kernel", conventions=oracle.Conventions(), decl=None):
-        from flashcheck.cases.backend import device as active_device
-
+    def __init__(self, kernel, case, *, device=None, target="kernel", conventions=oracle.Conventions(), decl=None,
+                 qkv=None, expect=None, base=None, without_out=False):
         self.kernel, self.case, self.target, self.conventions = kernel, case, target, conventions
         self.decl = decl    # the kernel's declarations: a transformed case outside them is no input it takes
         self.device = device or active_device()
-        self.qkv = inp.values(case)
-        self._expect = None
-        self._base = None
+        self.qkv = inp.values(case) if qkv is None else qkv
+        self._expect = expect
+        self._base = base
+        self.without_out = without_out
 
     def expect(self, qkv=None, case=None):
         """oracle.expectation of the base inputs (cached) or of transformed ones (with their case when the
@@ -133,7 +140,7 @@ class Trial:
     def _run(self, kernel, case, qkv):
         caps = oracle.Capabilities.of(kernel)
         try:
-            call = oracle.call_kernel(kernel, case, caps, qkv, self.device)
+            call = oracle.call_kernel(kernel, case, caps, qkv, self.device, without_out=self.without_out)
         except oracle.RunFailed as stop:  # the oracle's own "this call failed" signal, carrying its Failure
             raise _Broken(stop.failure) from None
         except oracle.Outcome as other:   # unsupported, out of memory: the relation cannot be checked
@@ -232,7 +239,7 @@ def _same_lse(got, base, e_got, e_base, shift=0.0):
 def reference(kernel, case, *, trial=None, target="kernel", device=None):
     """The kernel against the float64 reference, through the oracle (poisoned output and guard bands)."""
     verdict = oracle.judge(kernel, case, device=device or (trial.device if trial else None), target=target,
-                           layers=REFERENCE_LAYERS, conventions=trial.conventions if trial else oracle.Conventions())
+                           conventions=trial.conventions if trial else oracle.Conventions())
     if not verdict.failed:
         return None
     return PropertyFailure("reference", target, case, verdict.failures[0], repro=verdict.repro())
@@ -433,8 +440,6 @@ class Property:
 def _param_strategies():
     """Each parametrized property's parameter strategy (a function of the case). Imported late: the
     properties themselves need no hypothesis."""
-    from flashcheck.cases.generate import strategies as S
-
     return {"permutation": lambda c: S.key_permutations(c.Nk), "v_scaling": lambda c: S.v_factors(),
             "v_shift": lambda c: S.v_shifts(), "scale_equivariance": lambda c: S.q_factors(),
             "row_locality": S.query_changes,
@@ -474,8 +479,8 @@ def fixed_params(case):
 
 def check_fixed(kernel, case, *, trial=None, names=METAMORPHIC, target="kernel", conventions=oracle.Conventions(),
                 decl=None):
-    """Every applicable property in `names` with fixed_params, sharing one Trial. Returns the first
-    PropertyFailure, or None. decl: the kernel's declarations; a relation whose transformed case they
+    """Every applicable property in `names` with fixed_params, sharing one Trial (given, or made here). Returns the
+    first PropertyFailure, or None. decl: the kernel's declarations; a relation whose transformed case they
     exclude is not checked."""
     trial = trial or Trial(kernel, case, target=target, conventions=conventions, decl=decl)
     params = fixed_params(case)
@@ -549,14 +554,6 @@ def search(kernel, examples, *, other=None, names=None, target="kernel", shrink=
     when shrink=True. Derandomized unless a seed is given: the same call tries the same cases. case_options
     go to strategies.cases (dtypes=, causal=, max_len=, ...); the representative cases keep within them
     (representative=False: none, the drawn cases alone)."""
-    from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
-    from hypothesis import strategies as st
-    from hypothesis.errors import Flaky
-
-    from flashcheck.cases.backend import backend as active_backend
-    from flashcheck.cases.declarations import Declarations
-    from flashcheck.cases.generate import strategies as S
-
     case_options.setdefault("kernels", ("fused", "unfused") if other is not None else ("fused",))
     found, tried, seen = [], [0], set()
     t0 = time.perf_counter()

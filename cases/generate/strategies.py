@@ -26,15 +26,17 @@ import random
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, settings
+from hypothesis import seed as seeded
 from hypothesis import strategies as st
 
+from flashcheck.cases.backend import backend as active
 from flashcheck.cases.case import Case
 
 PROFILE_ENV = "FLASHCHECK_HYPOTHESIS_PROFILE"
 PROFILES = ("dev", "ci", "thorough")
 CASE_NAME = "hypothesis_example"
 # Generated data that never makes the float64 reference NaN; "nan_input" is asked for explicitly.
-FINITE_DATA = ("randn", "large", "very_negative", "equal_scores")
+FINITE_DATA = ("randn", "large", "very_negative", "equal_scores", "large_sums")
 LAYOUT_ORDER = ("contiguous", "bthd", "gapped", "d_major", "mixed")
 # ... and at the head dims of real models that pad to the next power of two with 16-byte rows in half precision
 # (24, 40, 80, 96): a kernel loading through tensor descriptors (TMA) meets its padded columns there
@@ -104,7 +106,6 @@ def limits(backend=None, profile=None):
     """The Limits of a backend ("cpu" | "gpu", default the active one) under a profile (default the loaded
     one)."""
     if backend is None:
-        from flashcheck.cases.backend import backend as active
 
         backend = active()
     if backend != "gpu":
@@ -324,8 +325,6 @@ def reseeded(make, seed, rounds=4):
     one (derandomized generation soon repeats itself): yields a function that runs the next round, so that
     the caller can stop first. make(derandomize) builds the test when its round runs; round 0 is derandomized
     unless a seed is given, each later round (and every round under a seed) runs under seed + round."""
-    from hypothesis import seed as seeded
-
     def run(r):
         test = make(seed is None and r == 0)
         (test if seed is None and r == 0 else seeded((seed or 0) + r)(test))()

@@ -8,11 +8,15 @@
 Everything a caller needs is importable from here: `from flashcheck.cases import oracle; oracle.judge(...)`.
 """
 from flashcheck.cases import inputs as inp  # noqa: F401  (tests reach the case's values through here)
-from flashcheck.cases.oracle.layers import (LAYERS, Call, Conventions, call_kernel, compare,  # noqa: F401
-                                           expectation, judge, protocol_kwargs, where_raised)
-from flashcheck.cases.oracle.kinds import (Kind, Unsupported, classify_death, classify_exception,  # noqa: F401
-                                           is_out_of_memory)
-from flashcheck.cases.oracle.verdict import (STATUSES, Capabilities, Failure, Outcome, RunFailed,  # noqa: F401
-                                             Verdict)
-
-KINDS = tuple(Kind)
+from flashcheck.cases.oracle.kinds import Kind, Unsupported, classify_death, classify_exception, is_out_of_memory  # noqa: F401
+from flashcheck.cases.oracle.layers import (  # noqa: F401
+                                           Call,
+                                           Conventions,
+                                           call_kernel,
+                                           compare,
+                                           expectation,
+                                           judge,
+                                           protocol_kwargs,
+                                           where_raised,
+)
+from flashcheck.cases.oracle.verdict import Capabilities, Failure, Outcome, RunFailed, Verdict  # noqa: F401

@@ -16,12 +16,14 @@ report must not break judging. What it returns is small (arrays max-pooled to at
 picklable (dicts of numpy arrays, numbers and strings), since it travels back to verify with the Verdict.
 """
 import math
+import sys
 import time
 
 import numpy as np
 import torch
 
 from flashcheck.cases import inputs as inp
+from flashcheck.cases.backend import device as active_device
 from flashcheck.cases.oracle import tolerance
 from flashcheck.cases.oracle.layers import Outcome, RunFailed, _to_numpy, call_kernel, expectation
 from flashcheck.reference import numpy_ref
@@ -48,8 +50,6 @@ def error_maps(kernel, case, caps, conventions):
 def blocks(kernel, case, caps):
     """(block_m, block_n) the kernel ran this case with, each None when unknown: the case's pins when the
     kernel takes them, else the project's own kernels' defaults (their rule, on this backend)."""
-    import sys
-
     pinned_m = case.block_m if caps.blocks else None
     pinned_n = case.block_n if caps.blocks else None
     rule = getattr(sys.modules.get(getattr(kernel, "__module__", "") or ""), "default_blocks", None)
@@ -60,8 +60,6 @@ def blocks(kernel, case, caps):
 
 
 def _maps(kernel, case, caps, conventions):
-    from flashcheck.cases.backend import device as active_device
-
     if case.sample_heads:
         return {"error": "a huge case (sample_heads): its maps would need another tens of GB; not drawn"}
     if case.B * case.H * case.Nq == 0:

@@ -19,7 +19,7 @@ class Kind(str, enum.Enum):
     DEVICE_FAULT = ("device fault", "D", "a CUDA error: illegal address, launch failure, device-side trap")
     CRASH = ("crash", "X", "the process running the kernel died (a signal, an abort)")
     BAD_RETURN = ("bad return", "B", "not a tensor of the right shape, dtype and device")
-    HAND_VALUE = ("hand value", "H", "a hand-computed answer (7.5, the mean of V, one key's row) is off")
+    HAND_VALUE = ("hand value", "H", "an exact hand-computed answer (7.5) is not bit-exact")
     LSE = ("lse", "L", "the log-sum-exp is off")
     INVARIANT = ("invariant", "V", "a relation every correct kernel satisfies does not hold (a property)")
     TIMEOUT = ("timeout", "T", "no answer within the time limit")
@@ -38,11 +38,6 @@ class Kind(str, enum.Enum):
         return self.value
 
     __format__ = str.__format__
-
-
-def kind(name):
-    """The Kind named `name` (a Kind or its text)."""
-    return name if isinstance(name, Kind) else Kind(name)
 
 
 CUDA_FAULT_TEXT = ("illegal memory access", "an illegal instruction", "unspecified launch failure",

@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 
 from flashcheck.cases.oracle.kinds import Kind
 
-STATUSES = ("pass", "fail", "inconclusive", "unsupported", "out of memory")
-
 
 @dataclass
 class Capabilities:
@@ -74,7 +72,7 @@ class Verdict:
     ratio: float = 0.0        # the largest err/tol of the reference comparison
     reduced: list = field(default_factory=list)   # checks that could not run in full, with why
     seconds: float = 0.0
-    status: str = ""          # see STATUSES; derived from failures when left empty
+    status: str = ""          # an outcome of the module docstring; derived from failures when left empty
     note: str = ""            # why inconclusive, the kernel's unsupported message, the memory figures
     peak_bytes: int = None    # the kernel's own device memory beyond its inputs (GPU), when measured
     maps: dict = None         # error maps of a failing case, for the HTML report (oracle/diagnose.py)

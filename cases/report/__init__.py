@@ -6,7 +6,10 @@ A case's status: "pass", "fail", "inconclusive" (the tolerance could not tell a 
 ...). Only "pass" is a pass; every other status is counted apart and shown with its reason.
 """
 import json
+import os
 import sys
+import tempfile
+import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,10 +39,11 @@ class Result:
     reason: str = ""             # why a case was skipped
     skip_group: str = ""         # "not declared", "GPU only", "too large", ...: the summary counts skips by group
     origin: str = "catalogue"    # "catalogue", "--case" or "hypothesis"
+    index: int = None            # its place in the report of the whole (unsharded) run, for flashcheck merge
 
     @classmethod
-    def of(cls, case, verdict, origin):
-        return cls(case, verdict.status, verdict, origin=origin)
+    def of(cls, case, verdict, origin, index=None):
+        return cls(case, verdict.status, verdict, origin=origin, index=index)
 
 
 @dataclass
@@ -53,6 +57,7 @@ class Run:
     notes: list = field(default_factory=list)      # e.g. what the hypothesis examples found
     stopped: str = ""            # why the run ended early (--max-failures, interrupted), or ""
     entries: tuple = (0, 0)      # (catalogue entries with a case judged, catalogue entries selected)
+    shard: tuple = None          # (I, N): this run is the I-th of N shards (verify --shard)
 
     def count(self, status):
         return sum(r.status == status for r in self.results)
@@ -103,19 +108,24 @@ def _peak(result):
 
 
 def table(run, width=160):
-    """The results as an aligned text table; the last column is cut to fit `width`. On the GPU a column gives
-    each case's peak extra memory: what the kernel allocated beyond its inputs and output."""
+    """The results as an aligned text table. The last column (the first bad element, or the reason) is never cut:
+    where a line would pass `width`, it wraps onto continuation lines indented to that column, so that the whole
+    reason reads the same on every backend. On the GPU a column gives each case's peak extra memory: what the
+    kernel allocated beyond its inputs and output."""
     peaks = any(r.verdict is not None and r.verdict.peak_bytes is not None for r in run.results)
     head = ["case", "verdict", "err/tol", "failure"] + (["peak extra"] if peaks else []) + ["first bad element / reason"]
     rows = [head] + [_row(r)[:4] + ([_peak(r)] if peaks else []) + _row(r)[4:] for r in run.results]
     cols = len(head) - 1
     widths = [max(len(str(row[i])) for row in rows) for i in range(cols)]
+    indent = sum(widths) + 2 * cols
+    room = max(width - indent, 40)
     lines = []
     for n, row in enumerate(rows):
-        text = ("  ".join(str(c).ljust(w) for c, w in zip(row[:cols], widths)) + "  " + row[cols]).rstrip()
-        lines.append(text if len(text) <= width else text[:width - 3] + "...")
-        if n == 0:
-            lines.append("-" * min(width, max(len(x) for x in lines)))
+        first = "  ".join(str(c).ljust(w) for c, w in zip(row[:cols], widths)) + "  "
+        last = textwrap.wrap(str(row[cols]), room, break_on_hyphens=False) or [""]
+        lines.append((first + last[0]).rstrip())
+        lines += [" " * indent + more for more in last[1:]]
+    lines.insert(1, "-" * min(width, max(len(line) for line in lines)))
     return "\n".join(lines)
 
 
@@ -189,7 +199,8 @@ def summary(run):
     judged, total = run.entries
     applies = f"; {judged} of {total} catalogue entries judged" if total else ""
     stopped = f"; stopped early: {run.stopped}" if run.stopped else ""
-    return (f"verify {run.target} on {run.describe}: {', '.join(parts)}, {len(run.reduced)} reduced"
+    which = f" (shard {run.shard[0]}/{run.shard[1]})" if run.shard else ""
+    return (f"verify {run.target}{which} on {run.describe}: {', '.join(parts)}, {len(run.reduced)} reduced"
             f"{applies} in {run.seconds:.1f} s{stopped}")
 
 
@@ -215,10 +226,29 @@ def publish(text, data, json_path):
             f.write(json.dumps(data, indent=1) + "\n")
 
 
+def atomic_write(path, write):
+    """Write a file through write(f) atomically (a reader never sees half a file), with the permissions a plain
+    open() would give it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".flashcheck-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        umask = os.umask(0)        # mkstemp makes the file 0600: give it the permissions a plain open() would
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 class Progress:
-    """Progress on stderr. On a terminal: one self-overwriting bar. On a log (CI): a line "[n/total] case"
-    at most every HEARTBEAT seconds, so that a short run adds nothing and a long one shows where it is.
-    Off with --quiet."""
+    """Progress on stderr, with an estimate of the time left (from the pace of the cases finished so far). On a
+    terminal: one self-overwriting bar. On a log (CI): a line "[n/total] case (elapsed, failures, time left)" at
+    most every HEARTBEAT seconds, so that a short run adds nothing and a long one shows where it is. Off with
+    --quiet."""
     HEARTBEAT = 10.0
 
     def __init__(self, total, enabled=True, stream=None):
@@ -227,6 +257,7 @@ class Progress:
         self.enabled = enabled
         self.tty = enabled and self.stream.isatty()
         self.failed = 0
+        self.done = 0
         self.t0 = self.last = time.monotonic()
         self.lock = threading.Lock()      # verify --jobs: cases start in several threads
 
@@ -236,20 +267,32 @@ class Progress:
         with self.lock:
             self._start(n, name)
 
+    def left(self, now=None):
+        """'about N s left' (or min), from the pace so far; '' before the first case finished."""
+        if not self.done or self.done >= self.total:
+            return ""
+        seconds = (now or time.monotonic()) - self.t0
+        rest = seconds / self.done * (self.total - self.done)
+        return f"about {rest:.0f} s left" if rest < 120 else f"about {rest / 60:.0f} min left"
+
     def _start(self, n, name):
         now = time.monotonic()
+        left = self.left(now)
         if self.tty:
             width = 30
             done = width * (n - 1) // max(self.total, 1)
             fails = f" {self.failed} failed" if self.failed else ""
-            self.stream.write(f"\r\x1b[K[{'#' * done}{'.' * (width - done)}] {n}/{self.total}{fails} {name}")
+            eta = f" ({left})" if left else ""
+            self.stream.write(f"\r\x1b[K[{'#' * done}{'.' * (width - done)}] {n}/{self.total}{fails}{eta} {name}")
         elif now - self.last >= self.HEARTBEAT:
-            self.stream.write(f"[{n}/{self.total}] {name} ({now - self.t0:.0f} s, {self.failed} failed so far)\n")
+            eta = f", {left}" if left else ""
+            self.stream.write(f"[{n}/{self.total}] {name} ({now - self.t0:.0f} s, {self.failed} failed so far{eta})\n")
             self.last = now
         self.stream.flush()
 
     def finish(self, result):
         self.failed += result.status == "fail"
+        self.done += result.status != "skip"
 
     def close(self):
         if self.tty:

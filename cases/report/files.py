@@ -5,13 +5,13 @@ finished run says it is complete. Each write goes to a temporary file renamed ov
 never sees half a file.
 """
 import json
-import os
 import sys
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 
-from flashcheck.cases.report import capabilities_line, summary
+from flashcheck.cases.case import parse_case
+from flashcheck.cases.oracle.verdict import Capabilities, Failure, Verdict
+from flashcheck.cases.report import Result, Run, atomic_write, capabilities_line, html, summary
 
 
 def _num(x):
@@ -29,7 +29,8 @@ def to_dict(run, partial=False):
 
     cases = []
     for r in run.results:
-        entry = {"name": r.case.name, "status": r.status, "origin": r.origin, "case": r.case.source()}
+        entry = {"name": r.case.name, "status": r.status, "origin": r.origin, "case": r.case.source(),
+                 "index": r.index}
         if r.status == "skip":
             entry.update(reason=r.reason, skip_group=r.skip_group)
         else:
@@ -43,6 +44,7 @@ def to_dict(run, partial=False):
     c = run.caps
     judged, total = run.entries
     return {"target": run.target, "backend": run.describe, "partial": partial, "stopped": run.stopped,
+            "shard": list(run.shard) if run.shard else None,
             "capabilities": {"out": c.out, "return_lse": c.lse, "blocks": c.blocks, "causal": c.causal,
                              "scale": c.scale},
             "declared": run.declared, "notes": run.notes,
@@ -52,6 +54,37 @@ def to_dict(run, partial=False):
                         "reduced": len(run.reduced), "catalogue_entries_judged": judged,
                         "catalogue_entries": total, "seconds": round(run.seconds, 3), "line": summary(run)},
             "cases": cases}
+
+
+def _float(x):
+    """A number of the JSON record back (NaN and infinities travel as strings)."""
+    return float(x) if isinstance(x, str) else x
+
+
+def from_dict(data):
+    """The Run a JSON record (to_dict's document) describes: the inverse of to_dict, for flashcheck merge."""
+    run = Run(data["target"], data["backend"], Capabilities(out=data["capabilities"]["out"],
+                                                           lse=data["capabilities"]["return_lse"],
+                                                           blocks=data["capabilities"]["blocks"],
+                                                           causal=data["capabilities"]["causal"],
+                                                           scale=data["capabilities"]["scale"]),
+              declared=list(data.get("declared", [])), notes=list(data.get("notes", [])),
+              stopped=data.get("stopped", ""), shard=tuple(data["shard"]) if data.get("shard") else None)
+    run.seconds = data["summary"]["seconds"]
+    run.entries = (data["summary"]["catalogue_entries_judged"], data["summary"]["catalogue_entries"])
+    for c in data["cases"]:
+        case = parse_case(c["case"]).replace(name=c["name"])
+        if c["status"] == "skip":
+            run.results.append(Result(case, "skip", reason=c["reason"], skip_group=c["skip_group"], origin=c["origin"],
+                                      index=c.get("index")))
+            continue
+        failures = [Failure(f["kind"], f["message"], tuple(f["where"]) if f["where"] else None, _float(f["got"]),
+                            _float(f["expected"]), _float(f["tol"]), f["location"]) for f in c["failures"]]
+        verdict = Verdict(case, data["target"], failures, max_err=_float(c["max_err"]), tol=_float(c["tol"]),
+                          ratio=_float(c["ratio"]), reduced=list(c["reduced"]), seconds=c["seconds"],
+                          status=c["status"], note=c["note"], peak_bytes=c["peak_bytes"])
+        run.results.append(Result(case, c["status"], verdict, origin=c["origin"], index=c.get("index")))
+    return run
 
 
 def junit(run, partial=False):
@@ -88,35 +121,19 @@ def junit(run, partial=False):
     return ET.ElementTree(root)
 
 
-def _atomic_write(path, write):
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".flashcheck-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        umask = os.umask(0)        # mkstemp makes the file 0600: give it the permissions a plain open() would
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_json(run, path, partial=False):
     data = (json.dumps(to_dict(run, partial), indent=1) + "\n").encode()
     if path == "-":
         sys.stdout.write(data.decode())
         sys.stdout.flush()
         return
-    _atomic_write(path, lambda f: f.write(data))
+    atomic_write(path, lambda f: f.write(data))
 
 
 def write_junit(run, path, partial=False):
     tree = junit(run, partial)
     ET.indent(tree)
-    _atomic_write(path, lambda f: tree.write(f, encoding="utf-8", xml_declaration=True))
+    atomic_write(path, lambda f: tree.write(f, encoding="utf-8", xml_declaration=True))
 
 
 class Files:
@@ -138,6 +155,4 @@ class Files:
         if self.junit:
             write_junit(run, self.junit, partial)
         if self.html and final:
-            from flashcheck.cases.report import html
-
             html.write(run, self.html, partial)

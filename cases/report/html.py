@@ -14,12 +14,12 @@ process, which may be a notebook with a backend of its own.
 import base64
 import io
 import math
-import os
 import time
 from html import escape
 
 import numpy as np
 
+from flashcheck import __version__
 from flashcheck.cases import report
 
 VMIN = 1e-3              # err/tol below this shows as the palest colour (a correct kernel's cells are ~1e-2)
@@ -34,7 +34,7 @@ MAX_DRAWN = 50           # failing cases whose maps are drawn (~0.5 s each); the
 def missing():
     """Why the HTML report cannot be written here (matplotlib is not installed), or None."""
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401   (lazy here and below: matplotlib is the optional extra flashcheck[plot])
     except ImportError:
         return "--html needs matplotlib: pip install 'flashcheck[plot]' (or pip install matplotlib)"
     return None
@@ -42,20 +42,12 @@ def missing():
 
 def write(run, path, partial=False):
     """Write the report of `run` to `path` (atomically: a reader never sees half a file)."""
-    from flashcheck.cases.report.files import _atomic_write
-
     data = render(run, partial).encode("utf-8")
-    _atomic_write(path, lambda f: f.write(data))
-    # the temporary file it was renamed from was private (0600); a report is for sharing: the umask decides
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
+    report.atomic_write(path, lambda f: f.write(data))
 
 
 def render(run, partial=False):
     """The report as one HTML string."""
-    from flashcheck import __version__
-
     failing = [(n, r) for n, r in enumerate(run.results) if r.status == "fail"]
     parts = [_HEAD.format(title=escape(f"flashcheck verify {run.target}"), css=_CSS),
              f"<header><h1>flashcheck verify <code>{escape(run.target)}</code></h1>"]

@@ -14,13 +14,21 @@ Each target runs in its own `compute-sanitizer --tool memcheck` process; the rep
 count per target. Exit 0 when every real kernel is clean and every named mutant is flagged.
 """
 import argparse
+import glob
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
+import torch
+
+from flashcheck.cases import catalogue, inputs
+from flashcheck.cases.backend import backend
+from flashcheck.cases.errors import UsageError
+from flashcheck.cases.runner.target import load_target
 from flashcheck.cases.runner.worker import Worker
 
 
@@ -35,21 +43,21 @@ def add_arguments(parser):
     parser.add_argument("--inner", help=argparse.SUPPRESS)
 
 
-def _cases(max_elements):
-    from flashcheck.cases import catalogue
+MUTANT = "mutant:"     # --inner mutant:NAME, a mutant of the bug corpus
 
+
+def _cases(max_elements):
     return [c for c in catalogue.instances() if c.B * c.H * max(c.Nq, c.Nk) * c.D <= max_elements]
 
 
 def _inner(spec, max_elements):
     """Runs inside compute-sanitizer: every case once on plain, exact-size tensors."""
-    import torch
+    if spec.startswith(MUTANT):
+        from flashcheck.cases.corpus import mutants  # lazy: the corpus sits above the runner (cases/corpus/)
 
-    from flashcheck.cases import inputs
-
-    from flashcheck.cases.runner.target import load_target
-
-    attention = load_target(spec)
+        attention = mutants.kernel_named(spec[len(MUTANT):])
+    else:
+        attention = load_target(spec)
     for case in _cases(max_elements):
         q, k, v = (t.cuda().contiguous() for t in inputs.values(case))
         kwargs = {"causal": case.causal}
@@ -72,7 +80,6 @@ def _errors(output):
 def run(args):
     if args.inner:
         return _inner(args.inner, args.max_elements)
-    from flashcheck.cases.backend import backend
 
     if backend() != "gpu":
         print("flashcheck sanitize: compute-sanitizer needs the GPU backend", file=sys.stderr)
@@ -83,7 +90,7 @@ def run(args):
         return 2
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     specs = [(t, False) for t in (args.target or ["flashcheck.kernel.fused:attention"])]
-    specs += [(f"mutant:{m}", True) for m in args.mutant]
+    specs += [(f"{MUTANT}{m}", True) for m in args.mutant]
     ok = True
     for spec, must_flag in specs:
         t0 = time.perf_counter()
@@ -116,15 +123,13 @@ def find_tool(name="compute-sanitizer"):
     return None
 
 
-def worker(timeout):
+def worker(timeout, compile_timeout=None):
     """A runner Worker whose processes run under compute-sanitizer memcheck (verify --sanitize)."""
-    from flashcheck.cases.verify.engine import UsageError
-
     tool = find_tool()
     if tool is None:
         raise UsageError("--sanitize needs compute-sanitizer (it ships with the CUDA toolkit); none on PATH, in "
                          "$CUDA_HOME/bin or /usr/local/cuda/bin")
-    return SanitizedWorker(timeout, tool)
+    return SanitizedWorker(timeout, tool, compile_timeout)
 
 
 _ERROR_START = re.compile(r"^========= (Invalid|Program hit|Out-of-range|Misaligned|Cuda API error|Error)")
@@ -145,19 +150,16 @@ class SanitizedWorker(Worker):
     caching allocator off so that every tensor is an allocation of its own. memcheck() returns the first error
     logged since the last call: the case just judged."""
 
-    def __init__(self, timeout, tool):
-        import tempfile
-
+    def __init__(self, timeout, tool, compile_timeout=None):
         self.logdir = tempfile.mkdtemp(prefix="flashcheck-memcheck-")
         self.offsets = {}
         # memcheck slows a kernel down by one or two orders of magnitude
-        super().__init__(timeout * 10, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, wrap=[
+        super().__init__(timeout * 10, compile_timeout=compile_timeout and compile_timeout * 10,
+                         env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, wrap=[
             tool, "--tool", "memcheck", "--target-processes", "all", "--print-limit", "5",
             "--log-file", os.path.join(self.logdir, "memcheck.%p.log")])
 
     def memcheck(self):
-        import glob
-
         found = ""
         for path in sorted(glob.glob(os.path.join(self.logdir, "memcheck.*.log"))):
             with open(path, errors="replace") as f:

@@ -7,9 +7,16 @@ same-named folder of the user's: python_command puts the directory holding this 
 """
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import traceback
+from dataclasses import dataclass
+
+import torch
+
+from flashcheck.cases import backend, oracle
+from flashcheck.cases.declarations import ATTRIBUTE
 
 _FLASHCHECK_HOME = os.path.dirname(os.path.dirname(importlib.util.find_spec("flashcheck").origin))
 
@@ -49,16 +56,24 @@ def split_target(spec):
     return module, attr
 
 
-MUTANT_PREFIX = "mutant:"
+@dataclass(frozen=True)
+class Loaded:
+    """A target that a function of flashcheck's own makes: loader ("module:function") called with arg in the worker
+    (the bug corpus gives its mutants this way: the runner never needs to know the corpus)."""
+    loader: str
+    arg: object
+    name: str
+
+    def __str__(self):
+        return self.name
 
 
 def load_target(spec):
     """Import the target's module and return the callable. Raises TargetError with a readable reason.
 
-    spec: "MODULE:FUNCTION", "path/to/file.py:FUNCTION", "mutant:NAME" (a mutant of the bug corpus), or a
-    corpus Mutant (a generated one, from the sweep)."""
-    if not isinstance(spec, str) or spec.startswith(MUTANT_PREFIX):
-        return _load_mutant(spec)
+    spec: "MODULE:FUNCTION", "path/to/file.py:FUNCTION", or a Loaded (a mutant of the bug corpus)."""
+    if isinstance(spec, Loaded):
+        return _load_made(spec)
     module_ref, attr = split_target(spec)
     try:
         if module_ref.endswith(".py"):
@@ -86,17 +101,14 @@ def load_target(spec):
     return obj
 
 
-def _load_mutant(spec):
-    from flashcheck.cases.corpus import mutants
-
+def _load_made(spec):
+    module, _, name = spec.loader.partition(":")
     try:
-        mutant = mutants.get(spec[len(MUTANT_PREFIX):]) if isinstance(spec, str) else spec
-        return mutants.kernel(mutant)
-    except KeyError as exc:
-        raise TargetError(str(exc.args[0])) from None
+        return getattr(importlib.import_module(module), name)(spec.arg)
+    except TargetError:
+        raise
     except Exception as exc:  # noqa: BLE001  (drift, or a generated mutant that does not import)
-        raise TargetError(f"mutant {getattr(spec, 'name', spec)} could not be loaded: {type(exc).__name__}: "
-                          f"{exc}") from None
+        raise TargetError(f"{spec.name} could not be loaded: {type(exc).__name__}: {exc}") from None
 
 
 PROTOCOL = "attention(q, k, v, *, causal=False, scale=None) -> out"
@@ -105,8 +117,6 @@ PROTOCOL = "attention(q, k, v, *, causal=False, scale=None) -> out"
 def check_signature(kernel, name):
     """A kernel must take q, k, v positionally. causal= and scale= are optional: a kernel without them is
     judged on the cases that need neither (reported as skipped: the signature has no causal=/scale=)."""
-    import inspect
-
     try:
         sig = inspect.signature(kernel)
     except (TypeError, ValueError):
@@ -161,16 +171,12 @@ def uses_triton(kernel):
 
 def target_info(kernel):
     """What the report needs to know about a loaded target and the backend it runs on."""
-    from flashcheck.cases import backend, oracle
-    from flashcheck.cases.declarations import ATTRIBUTE
-
     own = getattr(kernel, ATTRIBUTE, None) or {}
     if not isinstance(own, dict):      # a Declarations object: its declared values
         own = {k: getattr(own, k) for k in getattr(own, "given", ())}
     host = _host_available()
     device_free = host
     if backend.backend() == "gpu":
-        import torch
 
         device_free = torch.cuda.mem_get_info()[0]
     return {"caps": oracle.Capabilities.of(kernel), "describe": backend.describe(), "backend": backend.backend(),

@@ -11,11 +11,19 @@ next kernel) starts warm and clean; a child that segfaults, aborts or faults the
 the server reports how it ended ("gone") and forks the next child on demand; a call that hangs past its
 timeout gets the whole process group killed, and the next call starts a fresh server.
 
+Compile time is not the kernel's answer. The child tells the caller when each call of the kernel starts and ends,
+and whether its inputs (shapes, strides, dtypes, alignment, keyword arguments) are new to this process: a Triton
+kernel compiles (and an autotuned one tunes, torch.compile traces) on such a call. A new call gets compile_timeout
+(default 15 minutes, verify's --compile-timeout), a call whose inputs ran before gets timeout, and the oracle's
+own work between calls gets the call's timeout; a timeout says which of the three ran out.
+
 Frames: length-prefixed pickles, the caller -> the worker on its stdin, the worker -> the caller on a pipe
 that was its stdout. Both worker processes move their own stdout onto stderr first, so whatever a kernel
 prints cannot corrupt a frame; stdout and stderr go to a log file whose tail names the cause of a death.
 Reads are unbuffered and exact, so the child can read its frames from the stdin it shares with the server.
 """
+import faulthandler
+import functools
 import importlib
 import os
 import pickle
@@ -26,8 +34,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
-from flashcheck.cases.runner.target import TargetError, load_target, python_command, target_info
+import torch
+
+from flashcheck.cases.backend import select_backend
+from flashcheck.cases.oracle.kinds import classify_death
+from flashcheck.cases.runner.target import TargetError, check_signature, load_target, python_command, target_info
 
 _HEADER = struct.Struct(">Q")
 START_TIMEOUT = 300.0      # importing torch, Triton and a target can take a while on a loaded machine
@@ -51,8 +64,6 @@ class Raised(Exception):
 
 def _traceback_tail(exc):
     """The end of an exception's traceback (its last frames and message), at most 2,000 characters."""
-    import traceback
-
     return "".join(traceback.format_exception(exc)[-3:])[-2000:]
 
 
@@ -67,8 +78,9 @@ class Worker:
 
     wrap: argv put in front of the worker's interpreter (compute-sanitizer); env: extra environment."""
 
-    def __init__(self, timeout, wrap=(), env=None):
+    def __init__(self, timeout, wrap=(), env=None, compile_timeout=None):
         self.timeout = timeout
+        self.compile_timeout = compile_timeout or max(timeout, COMPILE_TIMEOUT)
         self.wrap = list(wrap)
         self.env = dict(env or {})
         self.proc = None
@@ -102,20 +114,31 @@ class Worker:
         return self.info
 
     def call(self, fn, *args, timeout=None, **kwargs):
-        """fn(target, *args, **kwargs) in the child (fn: "module:function"). Raises Hung, Died or Raised."""
+        """fn(target, *args, **kwargs) in the child (fn: "module:function"). Raises Hung, Died or Raised.
+
+        timeout: the limit of the oracle's own work between the kernel's calls (default self.timeout); each call of
+        the kernel has self.timeout, or self.compile_timeout when its inputs are new to the child."""
         if not self.child_open:
             self.open(self.spec)
         self._send(("call", fn, args, kwargs))
-        try:
-            reply = self._receive(timeout or self.timeout)
-        except Hung:
-            self.kill()
-            raise Hung(f"no answer within {timeout or self.timeout:g} s; the worker was killed and the next "
-                       "case runs in a fresh one") from None
+        work = timeout or self.timeout
+        limit, state = work, "work"
+        while True:
+            try:
+                reply = self._receive(limit)
+            except Hung:
+                self.kill()
+                raise Hung(_hung(state, limit) + "; the worker was killed and the next case runs in a fresh one") \
+                    from None
+            if reply[0] != "tick":
+                break
+            if reply[1] == "call":
+                limit, state = (self.compile_timeout, "first") if reply[2] else (self.timeout, "call")
+            else:
+                limit, state = work, "work"
         if reply[0] == "gone":
             self.child_open = False
             status = reply[1]
-            from flashcheck.cases.oracle.kinds import classify_death
 
             tail = self._log_tail()
             raise Died(classify_death(-status if status < 0 else None, tail),
@@ -233,6 +256,20 @@ class Worker:
         return code
 
 
+COMPILE_TIMEOUT = 900.0    # seconds a kernel's first call with new inputs may take (compiling, autotuning)
+
+
+def _hung(state, limit):
+    if state == "first":
+        return (f"the kernel's first call with these inputs (shapes, strides, dtypes, arguments) did not return within "
+                f"the compile limit of {limit:g} s (--compile-timeout): it compiles or autotunes for longer than that, "
+                "or it hangs")
+    if state == "call":
+        return (f"a call of the kernel did not return within {limit:g} s (--timeout); it had run on the same inputs' "
+                "shapes and arguments before in this worker, so this is not compile time")
+    return f"no answer within {limit:g} s (--timeout) while the oracle worked between the kernel's calls"
+
+
 def _name(spec):
     return spec if isinstance(spec, str) else getattr(spec, "name", repr(spec))
 
@@ -272,18 +309,13 @@ def _write_frame(fd, message):
 
 def serve():
     """The server's loop (started by Worker._start in a fresh interpreter)."""
-    import faulthandler
-
     faulthandler.enable()     # a segfault in a kernel leaves a stack in the log
     out = os.dup(1)
     os.dup2(2, 1)             # prints go to the log, never into a frame
-    from flashcheck.cases.backend import select_backend
-
     select_backend()
-    import torch  # noqa: F401  (imported once here: every forked child starts warm; CUDA stays untouched)
+    # lazy: Triton reads TRITON_INTERPRET when it is imported, so only after the backend is chosen; imported once
+    # here, every forked child starts warm
     import triton  # noqa: F401
-
-    from flashcheck.cases import oracle  # noqa: F401
     while True:
         message = _read_frame(0)
         if message is None or message[0] == "stop":
@@ -313,6 +345,7 @@ def _child(spec, out):
         _write_frame(out, ("error", str(exc)))
         return 0
     _write_frame(out, ("ready", info))
+    target = _watched(target, out)
     gpu = info["backend"] == "gpu"
     while True:
         message = _read_frame(0)
@@ -329,9 +362,38 @@ def _child(spec, out):
             return 0
 
 
-def _cuda_usable():
-    import torch
+def _watched(kernel, out):
+    """The kernel as the child calls it: every call tells the caller that it starts (and whether its inputs are new
+    to this process, so that compiling or autotuning may happen) and that it ended (Worker.call's limits)."""
+    seen = set()
 
+    @functools.wraps(kernel)
+    def call(*args, **kwargs):
+        key = _inputs_key(args, kwargs)
+        _write_frame(out, ("tick", "call", key not in seen))
+        seen.add(key)
+        try:
+            return kernel(*args, **kwargs)
+        finally:
+            _write_frame(out, ("tick", "done", None))
+    return call
+
+
+def _inputs_key(args, kwargs):
+    """What a kernel may specialise on: every tensor's shape, strides, dtype, device and 16-byte alignment (Triton
+    specialises on the divisibility of pointers and integers), every other argument's value."""
+    def one(x):
+        if isinstance(x, torch.Tensor):
+            return ("tensor", tuple(x.shape), x.stride(), str(x.dtype), x.device.type, x.data_ptr() % 16 == 0)
+        if isinstance(x, (tuple, list)):
+            return tuple(one(y) for y in x)
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return x
+        return type(x).__name__
+    return tuple(one(a) for a in args), tuple(sorted((k, one(v)) for k, v in kwargs.items()))
+
+
+def _cuda_usable():
     if not torch.cuda.is_initialized():
         return True
     try:
@@ -352,8 +414,6 @@ class InProcess:
     def open(self, spec):
         """spec: what load_target takes, or the kernel itself (a callable: flashcheck.verify(fn) with a lambda
         or a closure, which no worker process could import)."""
-        from flashcheck.cases.runner.target import check_signature
-
         self.spec = spec
         if callable(spec) and not isinstance(spec, str):
             check_signature(spec, getattr(spec, "__qualname__", repr(spec)))

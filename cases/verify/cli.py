@@ -15,8 +15,11 @@ Nothing here imports Triton or the kernel before run(): the backend is chosen af
 import argparse
 import sys
 
+from flashcheck.cases import report
 from flashcheck.cases.declarations import FIELDS
-from flashcheck.cases.verify.engine import DEFAULT_EXAMPLES, DEFAULT_TARGET, Request, UsageError
+from flashcheck.cases.runner.target import TargetError
+from flashcheck.cases.verify import engine
+from flashcheck.cases.verify.engine import DEFAULT_EXAMPLES, DEFAULT_TARGET, MAX_AUTO_JOBS, Request, UsageError
 
 
 def add_arguments(parser):
@@ -69,14 +72,24 @@ def add_arguments(parser):
                      help="skip cases that need more than GIB of device memory (shared runners)")
     out = parser.add_argument_group("running and reporting")
     out.add_argument("--timeout", type=float, metavar="SECONDS",
-                     help="per-case limit, after which the case fails as 'timeout' (default 120 on CPU, 60 on GPU)")
+                     help="limit of each kernel call whose inputs already ran in its worker, and of the oracle's work "
+                          "between calls; past it the case fails as 'timeout' (default 120 on CPU, 60 on GPU)")
+    out.add_argument("--compile-timeout", type=float, metavar="SECONDS",
+                     help="limit of a kernel call whose inputs (shapes, strides, dtypes, arguments) are new to its "
+                          "worker, where a Triton kernel compiles, an autotuned one tunes, torch.compile traces "
+                          "(default 900); a timeout says which limit ran out")
     out.add_argument("--no-isolate", action="store_true",
                      help="judge in this process (for debugging: no timeout, a crash ends the run)")
-    out.add_argument("--jobs", "-j", type=_jobs, default=1, metavar="N",
-                     help="judge N cases at once, each in its own worker process (default 1; 'auto': one per "
-                          f"core, at most {MAX_AUTO_JOBS}, as each worker holds its own CUDA context). A Triton "
-                          "kernel compiles anew for most generated cases, so long runs are bound by the CPU. "
-                          "Results keep their order; a case needing much of the memory runs alone")
+    out.add_argument("--no-cache", dest="cache", action="store_false",
+                     help="compile into a fresh temporary directory (a cold run) instead of flashcheck's own cache "
+                          "($FLASHCHECK_CACHE_DIR, default ~/.cache/flashcheck), which workers and later runs share")
+    out.add_argument("--jobs", "-j", type=_jobs, default=None, metavar="N",
+                     help="judge N cases at once, each in its own worker process (default 'auto': one per core, at "
+                          f"most {MAX_AUTO_JOBS}, as each worker holds its own CUDA context; 1 for --no-isolate and "
+                          "--sanitize). Results and their order are the same for any N; a case needing much of the "
+                          "memory runs alone")
+    out.add_argument("--shard", metavar="I/N", help="judge only the I-th of N disjoint parts of the run (by each case's "
+                     "stable id, the same on every machine); `flashcheck merge` combines the shards' --json records")
     out.add_argument("--max-failures", type=int, metavar="N", help="stop after N failed cases")
     out.add_argument("--json", metavar="PATH", help="write the results as JSON, kept current as cases finish ('-': "
                                                     "stdout, the report then goes to stderr)")
@@ -88,16 +101,10 @@ def add_arguments(parser):
                      help="print only the failures and the summary line, no table and no progress")
 
 
-MAX_AUTO_JOBS = 16
-
-
 def _jobs(text):
-    """--jobs N, or 'auto': the cores this process may run on, at most MAX_AUTO_JOBS."""
+    """--jobs N, or 'auto' (engine.auto_jobs decides)."""
     if text == "auto":
-        import os
-
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        return max(1, min(cores, MAX_AUTO_JOBS))
+        return None
     try:
         return int(text)
     except ValueError:
@@ -109,17 +116,15 @@ def request(args):
     return Request(target=args.target, declarations=declarations, only=tuple(args.only),
                    keyword=tuple(args.keyword), exclude=tuple(args.exclude), cases=tuple(args.cases),
                    examples=args.examples, seed=args.seed, repeat=args.repeat, sanitize=args.sanitize,
-                   properties=args.properties, timeout=args.timeout, isolate=not args.no_isolate,
+                   properties=args.properties, timeout=args.timeout, compile_timeout=args.compile_timeout,
+                   cache=args.cache, shard=args.shard,
+                   isolate=not args.no_isolate,
                    jobs=args.jobs, max_failures=args.max_failures,
                    max_memory=None if args.max_memory is None else int(args.max_memory * 2 ** 30),
                    json=args.json, junit=args.junit, html=args.html, progress=not args.quiet)
 
 
 def run(args):
-    from flashcheck.cases import report
-    from flashcheck.cases.runner.target import TargetError
-    from flashcheck.cases.verify import engine
-
     req = request(args)
     try:
         the_run = engine.run(req)

@@ -11,18 +11,28 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from flashcheck.cases.declarations import DeclarationError, Declarations
-from flashcheck.cases.verify.judging import Settings
+from flashcheck.cases import catalogue, report
+from flashcheck.cases.backend import backend as active_backend
+from flashcheck.cases.case import Case, parse_case
+from flashcheck.cases.declarations import BY_NAME, DeclarationError, Declarations, ranges_text
+from flashcheck.cases.errors import UsageError
+from flashcheck.cases.inputs import footprint
+from flashcheck.cases.oracle import Failure, Kind, Verdict
+from flashcheck.cases.projection import project
+from flashcheck.cases.report import html
+from flashcheck.cases.report.files import Files
+from flashcheck.cases.runner import sanitize
+from flashcheck.cases.runner.cache import Cache
+from flashcheck.cases.runner.target import split_target
+from flashcheck.cases.runner.worker import Died, Hung, InProcess, Raised, Worker
+from flashcheck.cases.verify import generated, shard
+from flashcheck.cases.verify.judging import MEMORY_CASE, Settings, memory_case
 
 DEFAULT_TARGET = "flashcheck.kernel.fused:attention"
 DEFAULT_TIMEOUT = {"cpu": 120.0, "gpu": 60.0}   # seconds per case; the interpreter is much slower
 DEFAULT_EXAMPLES = 25   # generated cases judged after the whole catalogue (derandomized: the same every run)
 JUDGE = "flashcheck.cases.verify.judging:judge_case"
 TRITON_BF16 = "Triton's interpreter reads bfloat16 wrongly (triton 3.9): bf16 of a Triton kernel needs the GPU"
-
-
-class UsageError(Exception):
-    """A request that cannot run as given (exit status 2)."""
 
 
 class NothingToVerify(UsageError):
@@ -47,9 +57,12 @@ class Request:
     repeat: int = 1
     sanitize: bool = False
     properties: bool = True
-    timeout: float = None
+    timeout: float = None                    # seconds: each kernel call whose inputs ran before, and the oracle's work
+    compile_timeout: float = None            # seconds: a kernel call with inputs new to its worker (compiling)
+    cache: bool = True                       # share compiled kernels across workers and runs (runner/cache.py)
+    shard: object = None                     # (I, N) or "I/N": judge only the I-th of N parts (verify/shard.py)
     isolate: bool = True
-    jobs: int = 1                            # cases judged at once, each worker in its own process (--jobs)
+    jobs: int = None                         # cases judged at once, each in a worker process (--jobs; None: auto)
     max_failures: int = None
     max_memory: int = None                   # bytes of device memory a case may need (--max-memory)
     json: str = None
@@ -79,11 +92,11 @@ def _check(req, backend):
         raise UsageError(f"--examples must be >= 0, got {req.examples}")
     if req.repeat < 1:
         raise UsageError(f"--repeat must be >= 1, got {req.repeat}")
-    if req.jobs < 1:
+    if req.jobs is not None and req.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {req.jobs}")
-    if req.jobs > 1 and not req.isolate:
+    if req.jobs is not None and req.jobs > 1 and not req.isolate:
         raise UsageError("--jobs judges cases in several worker processes: not with --no-isolate")
-    if req.jobs > 1 and _spec(req.target) is None:
+    if req.jobs is not None and req.jobs > 1 and _spec(req.target) is None:
         raise UsageError("jobs > 1 needs a kernel that worker processes can import (MODULE:FUNCTION, a .py path, "
                          "or a function defined at the top level of an importable module), not "
                          f"{_name(req.target)}")
@@ -91,6 +104,8 @@ def _check(req, backend):
         raise UsageError(f"--max-failures must be >= 1, got {req.max_failures}")
     if req.timeout is not None and req.timeout <= 0:
         raise UsageError(f"--timeout must be > 0, got {req.timeout}")
+    if req.compile_timeout is not None and req.compile_timeout <= 0:
+        raise UsageError(f"--compile-timeout must be > 0, got {req.compile_timeout}")
     if req.max_memory is not None and req.max_memory <= 0:
         raise UsageError(f"--max-memory must be > 0, got {req.max_memory}")
     if req.sanitize and backend != "gpu":
@@ -103,7 +118,6 @@ def _check(req, backend):
         if path and path != "-" and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise UsageError(f"{flag} {path}: its directory does not exist")
     if req.html:
-        from flashcheck.cases.report import html
 
         missing = html.missing()
         if missing:
@@ -114,9 +128,6 @@ def _check(req, backend):
 
 def select(req):
     """[(entry or case, origin)] from only/keyword/exclude/cases (the whole catalogue when none is given)."""
-    from flashcheck.cases import catalogue
-    from flashcheck.cases.case import Case, parse_case
-
     names = [n.strip() for text in req.only for n in str(text).split(",") if n.strip()]
     keywords = [k.strip() for text in req.keyword for k in str(text).split(",") if k.strip()]
     excluded = [x.strip() for text in req.exclude for x in str(text).split(",") if x.strip()]
@@ -146,8 +157,6 @@ def _excluded(name, excluded):
 
 def skip_reason(case, decl, info, backend, max_memory=None):
     """(reason, group) when this case cannot be judged here, else ("", "")."""
-    from flashcheck.cases.inputs import footprint
-
     caps = info["caps"]
     declared = decl.reasons(case)
     if case.causal and not caps.causal:
@@ -191,8 +200,24 @@ def plan(selected, instance_names, excluded, decl, info, backend, max_memory=Non
             if _excluded(case.name, excluded):
                 continue
             reason, group = skip_reason(case, decl, info, backend, max_memory)
+            if group == "not declared" and origin == "catalogue" and case.dtype in (decl.dtypes or (case.dtype,)):
+                case, reason, group = _projected(case, reason, decl, info, backend, max_memory)
             out.append((case, origin, reason, group))
     return out
+
+
+def _projected(case, reason, decl, info, backend, max_memory):
+    """(case, reason, group): a catalogue instance the declarations exclude, projected onto them where its point
+    survives (cases/projection.py; its name then says what changed), else skipped as before with why not."""
+    def admissible(candidate):
+        why, group = skip_reason(candidate, decl, info, backend, max_memory)
+        return [why] if group == "not declared" else []
+
+    projected, why = project(case, decl, admissible)
+    if projected is None:
+        return case, f"{reason}; {why}", "not declared"
+    reason, group = skip_reason(projected, decl, info, backend, max_memory)
+    return projected, reason, group
 
 
 def _declarations(info, overrides):
@@ -203,18 +228,39 @@ def _declarations(info, overrides):
         raise UsageError(str(exc)) from None
 
 
-def _runner(req, backend):
-    from flashcheck.cases.runner.worker import InProcess, Worker
+MAX_AUTO_JOBS = 16        # worker processes at most by default (each holds a CUDA context on the GPU)
 
+
+def auto_jobs(req, most):
+    """How many cases to judge at once when --jobs is not given: one per core this process may use (at most
+    MAX_AUTO_JOBS, shared out among pytest-xdist's workers when verify runs under them; $FLASHCHECK_JOBS overrides),
+    never more than `most` (the cases there can be), and 1 for what cannot run in several workers (a kernel no
+    worker can import, --no-isolate, --sanitize)."""
+    if not req.isolate or req.sanitize or _spec(req.target) is None:
+        return 1
+    forced = os.environ.get("FLASHCHECK_JOBS")
+    if forced:
+        try:
+            return max(1, int(forced))
+        except ValueError:
+            raise UsageError(f"FLASHCHECK_JOBS must be a whole number, got {forced!r}") from None
+    sharing = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    return max(1, min(_cores() // max(sharing, 1), MAX_AUTO_JOBS, most))
+
+
+def _cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _runner(req, backend, env=None):
     timeout = req.timeout or DEFAULT_TIMEOUT[backend]
     spec = _spec(req.target)
     if not req.isolate or spec is None:
         return InProcess(), req.target        # it takes a callable as well as a spec
     if req.sanitize:
-        from flashcheck.cases.runner import sanitize
 
-        return sanitize.worker(timeout), spec
-    return Worker(timeout), spec
+        return sanitize.worker(timeout, req.compile_timeout, env), spec
+    return Worker(timeout, compile_timeout=req.compile_timeout, env=env), spec
 
 
 def _open(runners, spec):
@@ -283,8 +329,6 @@ def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: Fal
 def _heavy(info, jobs):
     """heavy(case) for in_order: the case needs more than a 2 * jobs-th share of the free device or host memory
     (judged alone, it gets what a run without --jobs would give it)."""
-    from flashcheck.cases.inputs import footprint
-
     device, host = info.get("device_free"), info.get("host_free")
 
     def heavy(case):         # asked by in_order only when it has several runners
@@ -296,9 +340,6 @@ def _heavy(info, jobs):
 def judge(runner, case, settings, fn=JUDGE):
     """The Verdict of fn(kernel, case, settings) through the runner (by default: judge the case); a hang or a
     death is a failure of that case."""
-    from flashcheck.cases.oracle import Failure, Kind, Verdict
-    from flashcheck.cases.runner.worker import Died, Hung, Raised
-
     t0 = time.perf_counter()
     try:
         # the float64 reference of a long case takes seconds on the host: a longer limit for it
@@ -321,9 +362,6 @@ def judge(runner, case, settings, fn=JUDGE):
 
 def _memory(runner, decl, settings, backend):
     """The --fused check (cases/verify/judging.py memory_probe) as a result of its own."""
-    from flashcheck.cases import report
-    from flashcheck.cases.verify.judging import memory_case
-
     case = memory_case(decl)
     if backend != "gpu":
         return report.Result(case, "skip", reason="GPU only: the kernel's own memory is measured with torch.cuda's "
@@ -334,22 +372,26 @@ def _memory(runner, decl, settings, backend):
 
 def run(req, on_result=None):
     """Run a verify request; returns the report's Run. Raises UsageError or TargetError (exit status 2)."""
-    from flashcheck.cases import report
-    from flashcheck.cases.backend import backend as active_backend
-    from flashcheck.cases.report.files import Files
-    from flashcheck.cases.runner.target import split_target
-
     t0 = time.perf_counter()
     backend = active_backend()
     _check(req, backend)
+    the_shard = shard.parse(req.shard)
     if isinstance(req.target, str):
         split_target(req.target)
     selected, instance_names, excluded = select(req)
     examples = req.examples
     if examples is None:
         examples = 0 if (req.only or req.keyword or req.cases) else DEFAULT_EXAMPLES
-    made = [_runner(req, backend) for _ in range(req.jobs)]
+    jobs = req.jobs or auto_jobs(req, len(selected) * 3 + examples)
+    cache = Cache.open(req.cache)
+    env = dict(cache.env)
+    if jobs > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # each worker's host threads (torch's float64 reference, a CPU kernel) get their share of the cores: N
+        # workers each taking every core ran 5x slower than one (2 cores, SDPA's whole catalogue: 58 s against 8)
+        env["OMP_NUM_THREADS"] = str(max(1, _cores() // jobs))
+    made = [_runner(req, backend, env) for _ in range(jobs)]
     runners, spec = [r for r, _ in made], made[0][1]
+    isolated = not isinstance(runners[0], InProcess)   # in this process, the caches are this process's own
     runner = runners[0]
     files = Files(req.json, req.junit, req.html)
     interrupted = None
@@ -357,22 +399,24 @@ def run(req, on_result=None):
         info = _open(runners, spec)
         decl = _declarations(info, req.declarations)
         if decl.head_dims and not any(decl.head_dim_ok(d) for d in range(1, 257)):
-            from flashcheck.cases.declarations import ranges_text
 
             raise UsageError(f"--head-dims {ranges_text(decl.head_dims)}: the head dims {ranges_text(decl.head_dims)} "
                              "are outside 1..256, the range of flashcheck's catalogue and generated cases")
         name = _name(req.target)
         settings = Settings(target=name, decl=decl, properties=req.properties, repeat=req.repeat,
                             maps=bool(req.html), plain=req.sanitize)
-        the_run = report.Run(name, info["describe"], info["caps"], declared=decl.flags())
+        the_run = report.Run(name, info["describe"], info["caps"], declared=decl.flags(), shard=the_shard)
         planned = plan(selected, instance_names, excluded, decl, info, backend, req.max_memory)
-        todo = sum(not reason for _, _, reason, _ in planned)
-        if not todo and not examples:
-            reasons = "".join(f"\n  {c.name}: {r}" for c, _, r, _ in planned)
-            raise NothingToVerify(f"nothing to verify: every selected case is skipped on {backend}:{reasons}",
-                                  [(c.name, r) for c, _, r, _ in planned])
-        progress = report.Progress(todo + examples, enabled=req.progress)
+        every = len(planned)            # the generated cases' places in the plan come after every planned one
         entries_total = {c.name.partition("[")[0] for c, origin, _, _ in planned if origin == "catalogue"}
+        planned = [(i, entry) for i, entry in enumerate(planned) if shard.owns(the_shard, entry[0].name)]
+        todo = sum(not reason for _, (_, _, reason, _) in planned)
+        if not todo and not examples and the_shard is None:
+            reasons = "".join(f"\n  {c.name}: {r}" for _, (c, _, r, _) in planned)
+            raise NothingToVerify(f"nothing to verify: every selected case is skipped on {backend}:{reasons}",
+                                  [(c.name, r) for _, (c, _, r, _) in planned])
+        progress = report.Progress(todo + (examples if the_shard is None else -(-examples // the_shard[1])),
+                                   enabled=req.progress)
         entries_judged = set()
 
         def record(result):
@@ -387,27 +431,28 @@ def run(req, on_result=None):
                 on_result(result)
             if req.max_failures and the_run.count("fail") >= req.max_failures:
                 the_run.stopped = f"--max-failures {req.max_failures} reached"
-        heavy = _heavy(info, req.jobs)
+        heavy = _heavy(info, len(runners))
 
         def work(runner, item):
-            n, (case, origin, reason, group) = item
+            n, index, (case, origin, reason, group) = item
             if reason:
-                return report.Result(case, "skip", reason=reason, skip_group=group, origin=origin)
+                return report.Result(case, "skip", reason=reason, skip_group=group, origin=origin, index=index)
             progress.start(n, case.name)
-            return report.Result.of(case, judge(runner, case, settings), origin)
+            return report.Result.of(case, judge(runner, case, settings), origin, index)
 
-        numbered, n = [], 0           # (the case's number in the progress line, planned entry)
-        for entry in planned:
+        numbered, n = [], 0           # (the case's number in the progress line, its place in the plan, entry)
+        for index, entry in planned:
             n += not entry[2]
-            numbered.append((n, entry))
+            numbered.append((n, index, entry))
         try:
-            for _, result in in_order(numbered, runners, work, lambda item: not item[1][2] and heavy(item[1][0]),
+            for _, result in in_order(numbered, runners, work, lambda item: not item[2][2] and heavy(item[2][0]),
                                       lambda: the_run.stopped):
                 record(result)
-            if decl.fused and not the_run.stopped:
-                record(_memory(runner, decl, settings, backend))
+            if decl.fused and not the_run.stopped and shard.owns(the_shard, MEMORY_CASE):
+                result = _memory(runner, decl, settings, backend)
+                result.index = every
+                record(result)
             if examples and not the_run.stopped:
-                from flashcheck.cases.verify import generated
 
                 def judge_many(cases, first):
                     def one(runner, item):
@@ -417,7 +462,7 @@ def run(req, on_result=None):
                     return (v for _, v in in_order(enumerate(cases, 1), runners, one, lambda item: heavy(item[1])))
 
                 generated.run(examples, req.seed, decl, info, backend, lambda c: judge(runner, c, settings),
-                              the_run, record, progress, n, judge_many)
+                              the_run, record, progress, n, judge_many, the_shard, every + 1)
         except KeyboardInterrupt:
             the_run.stopped = interrupted = "interrupted"
         progress.close()
@@ -425,6 +470,9 @@ def run(req, on_result=None):
         for r in runners:
             # after an interrupt, jobs may still run on the other runners: those are killed, not asked to stop
             (getattr(r, "kill", r.close) if interrupted and len(runners) > 1 else r.close)()
+        if isolated and (backend == "gpu" or cache.kernels()):     # the interpreter compiles nothing
+            the_run.notes.append(cache.line())
+        cache.close()
     the_run.seconds = time.perf_counter() - t0
     files.finish(the_run, partial=bool(the_run.stopped == "interrupted"))
     return the_run
@@ -433,8 +481,6 @@ def run(req, on_result=None):
 def request(target=DEFAULT_TARGET, **options):
     """A Request from keyword arguments: the declarations (cases/declarations.py FIELDS) and the options of
     Request, in any order."""
-    from flashcheck.cases.declarations import BY_NAME
-
     decl = {k: options.pop(k) for k in list(options) if k in BY_NAME}
     unknown = [k for k in options if k not in Request.__dataclass_fields__]
     if unknown:

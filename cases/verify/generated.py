@@ -7,14 +7,18 @@ by field towards the simplest case that still fails with that kind (B = H = 1, f
 default scale, fewer keys, queries and head dims), always within the declarations. A case drawn twice is
 judged once.
 """
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+
+from flashcheck.cases import report
+from flashcheck.cases.verify import shard
+from flashcheck.cases.generate import strategies
+from flashcheck.cases.generate.strategies import _fit, limits, representative, reseeded
 
 MAX_KINDS = 5
 SHRINK_STEPS = 80          # judged cases a shrink may spend at most
 
 
 def strategy(decl, dtypes, backend, caps):
-    from flashcheck.cases.generate import strategies
-
     return strategies.cases(
         causal=None if (decl.causal and caps.causal) else False, dtypes=dtypes, layouts=decl.layouts(),
         max_len=decl.max_seq, head_dim_ok=decl.head_dim_ok if decl.head_dims else None, backend=backend,
@@ -23,8 +27,6 @@ def strategy(decl, dtypes, backend, caps):
 
 def _simpler(case, decl, dtypes):
     """Candidates one step simpler than `case`, simplest first, each within the declarations."""
-    from flashcheck.cases.generate.strategies import _fit
-
     def lengths(n, lo):
         return [x for x in dict.fromkeys(_fit(decl, m, lo) for m in (lo, 1, 2, n // 2, n - 1)) if x < n]
 
@@ -65,18 +67,17 @@ def shrink(case, kind, verdict_of, decl, dtypes, steps=SHRINK_STEPS):
     return best
 
 
-def run(examples, seed, decl, info, backend, judge, the_run, record, progress, start, judge_many=None):
+def run(examples, seed, decl, info, backend, judge, the_run, record, progress, start, judge_many=None, the_shard=None,
+        base=0):
     """Judge up to `examples` generated cases (judge(case) -> Verdict), recording each distinct case's result
     with record(Result), then a minimal failing case per kind of failure, and a summary in the_run.notes.
 
     The cases are drawn first and judged after: judge_many(cases, start) yields their verdicts in order (verify
     --jobs judges several at once); without it, one after the other with judge. Drawing never depends on a
-    verdict, so the cases are the same either way."""
-    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
-
-    from flashcheck.cases import report
-    from flashcheck.cases.generate.strategies import limits, representative, reseeded
-
+    verdict, so the cases are the same either way, and in every shard: the_shard (I, N) judges the drawn cases it
+    owns (verify/shard.py). Each result's index is its place in the report of an unsharded run, from base on
+    (passes in drawn order, then the failures left unshrunk, then each kind's minimal case after the failure it
+    was shrunk from), so that merged shards read as one run."""
     caps = info["caps"]
     dtypes = tuple(d for d in limits(backend).dtypes if decl.dtypes is None or d in decl.dtypes)
     if backend != "gpu" and not info.get("triton") and "bf16" in (decl.dtypes or ("bf16",)) and "bf16" not in dtypes:
@@ -111,16 +112,20 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
     seen = {}            # case key -> Verdict
     judged = []          # distinct generated cases, in order
 
-    def _record(verdict, prefix):
+    def _record(verdict, prefix, index):
         verdict.case = verdict.case.replace(name=_example_name(prefix, verdict.case))
-        record(report.Result.of(verdict.case, verdict, "hypothesis"))
+        record(report.Result.of(verdict.case, verdict, "hypothesis", index))
 
-    cases = list(drawn.values())
+    drawn_all = list(drawn.values())
+    place = {case.key(): i for i, case in enumerate(drawn_all)}        # 0-based, over every shard's cases
+    cases = [c for c in drawn_all if shard.owns(the_shard, c.key())]
+    n_all = len(drawn_all)
     for case, verdict in zip(cases, (judge_many or one_by_one)(cases, start)):
         seen[case.key()] = verdict
         judged.append(verdict)
+        i = place[case.key()]
         if not verdict.failed:      # recorded now: a run cut short still shows how far it got
-            _record(verdict, f"hypothesis_{len(judged)}")
+            _record(verdict, f"hypothesis_{i + 1}", base + i)
 
     def verdict_of(case):           # the shrinking's judge: a case met before is not judged again
         key = case.key()
@@ -129,23 +134,24 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
         return seen[key]
 
     first = {}
-    for verdict in judged:
+    for case, verdict in zip(cases, judged):
         if verdict.failed:
-            first.setdefault(str(verdict.kind), verdict)
+            first.setdefault(str(verdict.kind), (place[case.key()], verdict))
     kinds = {}
-    for kind, verdict in list(first.items())[:MAX_KINDS]:
+    for kind, (i, verdict) in list(first.items())[:MAX_KINDS]:
         progress.start(start + len(judged), f"shrinking a {kind} failure")
-        kinds[kind] = verdict_of(shrink(verdict.case, kind, verdict_of, decl, dtypes))
-    for i, verdict in enumerate(judged, 1):
+        kinds[kind] = (i, verdict_of(shrink(verdict.case, kind, verdict_of, decl, dtypes)))
+    for case, verdict in zip(cases, judged):
         if verdict.failed and str(verdict.kind) not in kinds:    # failures: their kind's minimal case below
-            _record(verdict, f"hypothesis_{i}")
-    for kind, verdict in kinds.items():
-        _record(verdict, "hypothesis_minimal")
+            i = place[case.key()]
+            _record(verdict, f"hypothesis_{i + 1}", base + n_all + i)
+    for kind, (i, verdict) in kinds.items():
+        _record(verdict, "hypothesis_minimal", base + 2 * n_all + i)
     failed = sum(v.failed for v in judged)
     line = f"hypothesis: {len(judged)} distinct example(s) judged, {len(judged) - failed} without a failure"
     if kinds:
         line += (f"; {len(kinds)} distinct failure kind(s), each shrunk to a minimal case: "
-                 + ", ".join(f"{k} ({v.case.name})" for k, v in kinds.items()))
+                 + ", ".join(f"{k} ({v.case.name})" for k, (_, v) in kinds.items()))
         if len(first) > MAX_KINDS:
             line += f" ({len(first) - MAX_KINDS} more kind(s) not shrunk)"
     the_run.notes.append(line + ("" if seed is None else f" (--seed {seed})"))

@@ -13,8 +13,12 @@ import torch
 
 from flashcheck.cases import inputs as inp
 from flashcheck.cases import oracle
+from flashcheck.cases.backend import backend, device
+from flashcheck.cases.case import Case
 from flashcheck.cases.declarations import Declarations
-from flashcheck.cases.oracle import Failure, Kind
+from flashcheck.cases.generate import properties
+from flashcheck.cases.generate.strategies import _fit
+from flashcheck.cases.oracle import Failure, Kind, diagnose
 
 
 @dataclass(frozen=True)
@@ -48,34 +52,69 @@ def judge_case(kernel, case, settings):
 
 
 def _judge(kernel, case, settings):
-    from flashcheck.cases.backend import backend
-
     conventions = oracle.Conventions.of(settings.decl)
     caps = oracle.Capabilities.of(kernel)
+    kept = {}
     verdict = oracle.judge(kernel, case, target=settings.target, caps=caps, conventions=conventions,
-                           measure=backend() == "gpu")
+                           measure=backend() == "gpu", keep=kept)
     if verdict.status in ("pass", "inconclusive"):
-        if settings.properties and case.data != "nan_input":
-            _properties(kernel, case, settings, conventions, verdict)
+        base = None
+        if kept:
+            # a kernel that takes out= is judged on the path its users call most too: without out=, it allocates
+            base = _without_out(kernel, case, caps, kept, verdict) if caps.out else properties.Run(kept["out"],
+                                                                                                 kept["lse"])
+        if not verdict.failed and settings.properties and case.data != "nan_input":
+            _properties(kernel, case, settings, conventions, verdict, kept, base)
         if not verdict.failed and settings.repeat > 1:
             _repeat(kernel, case, caps, settings.repeat, verdict)
         if not verdict.failed and settings.plain:
             _plain_call(kernel, case, caps)
     if verdict.failed and settings.maps:
-        from flashcheck.cases.oracle import diagnose
-
         verdict.maps = diagnose.error_maps(kernel, case, caps, conventions)
     return verdict
 
 
-def _properties(kernel, case, settings, conventions, verdict):
-    from flashcheck.cases.generate import properties
+def _without_out(kernel, case, caps, kept, verdict):
+    """The same case called without out= (the kernel allocates its result): the output contract (shape, dtype,
+    device, every element written) and the values, against the expectation the oracle already has. Returns the
+    run (the properties' base), or None when it failed (the verdict says so) or was declined."""
+    try:
+        call = oracle.call_kernel(kernel, case, caps, kept["qkv"], device(), without_out=True)
+    except oracle.RunFailed as stop:
+        f = stop.failure
+        f.message = f"without out= (the kernel allocating its output): {f.message}"
+        verdict.fail(f)
+        return None
+    except oracle.Outcome as other:
+        verdict.reduced.append(f"the call without out= ended {other.status}: {other.note}")
+        return None
+    unwritten = inp.is_poison(call.result)
+    if bool(unwritten.any()):
+        verdict.fail(Failure(Kind.UNWRITTEN, f"without out=, {int(unwritten.sum())} output element(s) never written",
+                             where=tuple(int(x) for x in torch.nonzero(unwritten)[0])))
+        return None
+    out = call.result.detach().to("cpu", torch.float64).numpy()
+    lse = None if call.lse is None else call.lse.detach().to("cpu", torch.float64).numpy()
+    e = kept["expect"]
+    fail, _ = oracle.compare(out, e.out, e.tol)
+    if fail is None and lse is not None:
+        fail, _ = oracle.compare(lse[..., None], e.lse[..., None], e.tol_lse[..., None], what=Kind.LSE)
+    if fail is not None:
+        fail.message = f"without out= (the kernel allocating its output): {fail.message}"
+        verdict.fail(fail)
+        return None
+    return properties.Run(out, lse)
 
+
+def _properties(kernel, case, settings, conventions, verdict, kept, base):
     if case.sample_heads or big(case):
         verdict.reduced.append(f"properties not checked on cases of more than {BIG:.0e} multiply-adds (each relation "
                                "would judge the case again)")
         return
-    found = properties.check_fixed(kernel, case, target=settings.target, conventions=conventions, decl=settings.decl)
+    caps = oracle.Capabilities.of(kernel)
+    trial = properties.Trial(kernel, case, target=settings.target, conventions=conventions, decl=settings.decl,
+                             qkv=kept.get("qkv"), expect=kept.get("expect"), base=base, without_out=caps.out)
+    found = properties.check_fixed(kernel, case, trial=trial, target=settings.target)
     if found is not None:
         f = found.failure
         f.message = f"property {found.prop}: {f.message}" + (f" ({found.detail})" if found.detail else "")
@@ -84,8 +123,6 @@ def _properties(kernel, case, settings, conventions, verdict):
 
 def _repeat(kernel, case, caps, times, verdict):
     """The same inputs `times` times: outputs (and lse) must be bitwise identical; a race shows like this."""
-    from flashcheck.cases.backend import device
-
     qkv = inp.values(case, device())
     first = None
     for i in range(times):
@@ -118,8 +155,6 @@ def _repeat(kernel, case, caps, times, verdict):
 def _plain_call(kernel, case, caps):
     """One call on plain, exact-size tensors (no guard bands around them): under compute-sanitizer memcheck
     a read or write past an allocation is reported even when its value never reaches the output."""
-    from flashcheck.cases.backend import device
-
     q, k, v = (t.to(device()).contiguous() for t in inp.values(case, device()))
     try:
         kernel(q, k, v, **oracle.protocol_kwargs(case, caps))
@@ -137,9 +172,6 @@ MEMORY_WHY = ("a fused kernel never materialises the Nq x Nk scores (--fused): i
 def memory_case(decl, length=1024):
     """The case of the --fused check: B = 1, H = 4, Nq = Nk = 2 * length (fitted to the declarations), in the
     first declared half-precision dtype (or the first declared one), D = 64 or the nearest declared."""
-    from flashcheck.cases.case import Case
-    from flashcheck.cases.generate.strategies import _fit
-
     dtypes = decl.dtypes or ("fp16",)
     dtype = next((d for d in ("fp16", "bf16", "fp32") if d in dtypes), dtypes[0])
     D = next((d for d in (64, 128, 32, 16, 256) if decl.head_dim_ok(d)), None) or decl.head_dims[0][0]
@@ -151,8 +183,6 @@ def memory_probe(kernel, case, settings):
     """The --fused check: the kernel's own device memory (beyond its inputs and output) at Nq = Nk = N and at
     N / 2. It fails as "memory complexity" when it is at least a quarter byte per score at N and grew about
     fourfold from N / 2: the scores are materialised."""
-    from flashcheck.cases.backend import device
-
     caps = oracle.Capabilities.of(kernel)
     verdict = oracle.Verdict(case, settings.target)
     half = case.replace(Nq=max(case.Nq // 2, 1), Nk=max(case.Nk // 2, 1))

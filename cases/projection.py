@@ -1,0 +1,181 @@
+"""Projection of a catalogue entry onto a kernel's declared limits.
+
+Real kernels document limits (one length for queries and keys, lengths a multiple of 128, head dims of 16 and up,
+dense tensors). An entry whose literal shape falls outside them usually still tests something that exists inside
+them: cross-attention with Nq < Nk exists at (128, 256); a causal row that sees no key exists at lengths that are
+multiples of 128; 7.5 exists at D = 16 (one query, two keys, the head dim padded with zero columns). So each entry
+states its point as data (Case.point: names from POINTS below, what must stay true for the case to still test its
+bug), and `project` derives the nearest admissible case that keeps every part of it: lengths rounded to the
+declared multiple (their order kept), made equal, or clamped; the head dim moved to the nearest declared one (a
+hand value padded with zero columns, so it stays exact); the layout made dense. Its name says what changed:
+`causal_nq_lt_nk[fp16, Nq=128, Nk=256]`. An entry is skipped only when its point cannot survive, with that reason.
+"""
+import math
+
+from flashcheck.cases.inputs import values
+
+SMALLEST_BLOCK = 16      # no kernel's tile is narrower (tl.dot's minimum): a length of it is a whole block
+
+
+def _pow2(n):
+    return n > 0 and n & (n - 1) == 0
+
+
+# name -> (holds(entry, case), what it says): entry is the catalogue's own instance, case the candidate
+POINTS = {
+    "lengths": (lambda e, c: (c.Nq, c.Nk) == (e.Nq, e.Nk), "these exact lengths"),
+    "diagonal": (lambda e, c: c.Nk - c.Nq == e.Nk - e.Nq, "this offset Nk - Nq of the causal diagonal"),
+    "nq_lt_nk": (lambda e, c: c.Nq < c.Nk, "Nq < Nk"),
+    "nq_gt_nk": (lambda e, c: c.Nq > c.Nk, "Nq > Nk"),
+    "nq_ne_nk": (lambda e, c: c.Nq != c.Nk, "Nq != Nk"),
+    "one_query": (lambda e, c: c.Nq == 1, "one query"),
+    "one_key": (lambda e, c: c.Nk == 1, "one key"),
+    "empty_queries": (lambda e, c: c.Nq == 0, "no queries (Nq = 0)"),
+    "few_queries": (lambda e, c: 0 < c.Nq < SMALLEST_BLOCK, f"fewer queries than a block (Nq < {SMALLEST_BLOCK})"),
+    "few_keys": (lambda e, c: c.Nk < SMALLEST_BLOCK, f"fewer keys than a block (Nk < {SMALLEST_BLOCK})"),
+    "partial_query_block": (lambda e, c: c.Nq % SMALLEST_BLOCK != 0, "a partial last query block (Nq not a multiple "
+                                                                      f"of {SMALLEST_BLOCK})"),
+    "partial_key_block": (lambda e, c: c.Nk % SMALLEST_BLOCK != 0, "a partial last key block (Nk not a multiple of "
+                                                                    f"{SMALLEST_BLOCK})"),
+    "several_key_blocks": (lambda e, c: c.Nk >= 64, "several key blocks (Nk >= 64)"),
+    "many_key_blocks": (lambda e, c: c.Nk >= 128, "many key blocks (Nk >= 128)"),
+    "long_rows": (lambda e, c: c.Nk >= 4096, "thousands of keys (Nk >= 4096)"),
+    "queries_past_128": (lambda e, c: c.Nq > 128, "more queries than a 128-row block"),
+    "causal": (lambda e, c: c.causal, "a causal mask"),
+    "sees_no_key": (lambda e, c: c.causal and c.Nq > c.Nk, "causal rows that see no key (Nq > Nk)"),
+    "whole_blocks_see_no_key": (lambda e, c: c.causal and c.Nq - c.Nk >= 64,
+                                "whole query blocks that see no key (Nq - Nk >= 64)"),
+    "head_dim": (lambda e, c: c.D == e.D, "this head dim"),
+    "odd_head_dim": (lambda e, c: not _pow2(c.D), "a head dim that is not a power of two"),
+    "head_dim_past_16": (lambda e, c: c.D > 16, "a head dim past 16"),
+    "head_dim_past_64": (lambda e, c: c.D > 64, "a head dim past 64"),
+    "layout": (lambda e, c: c.layout == e.layout, "this layout"),
+    "scale": (lambda e, c: c.scale == e.scale, "this scale"),
+    "batch_heads": (lambda e, c: c.B > 1 and c.H > 1 and c.B != c.H, "B > 1 and H > 1 with B != H"),
+    "offsets_past_2_31": (lambda e, c: c.B * c.H * max(c.Nq, c.Nk) * c.D > 2 ** 31, "more than 2^31 elements"),
+}
+
+
+def check_points(case):
+    """Raise ValueError for a point name POINTS does not have (the catalogue is checked at import)."""
+    unknown = [p for p in case.point if p not in POINTS]
+    if unknown:
+        raise ValueError(f"case {case.name}: unknown point(s) {unknown}; known: {', '.join(POINTS)}")
+
+
+def kept(entry, case):
+    """The parts of entry's point the candidate case loses (empty: it keeps them all)."""
+    return [POINTS[p][1] for p in entry.point if not POINTS[p][0](entry, case)]
+
+
+def _fit(decl, n, up=True):
+    """A length the declarations admit, nearest to n (rounded up to the multiple unless up=False): None if none."""
+    m = decl.seq_multiple
+    if n == 0:
+        return 0 if decl.min_seq == 0 else None
+    lo, hi = max(decl.min_seq, 1), decl.max_seq
+    n = max(n, lo)
+    n = -(-n // m) * m if up else max(n // m * m, m)
+    if hi is not None and n > hi:
+        n = hi // m * m
+    return n if n >= lo and n > 0 and (hi is None or n <= hi) else None
+
+
+def _length_pairs(case, decl):
+    """Candidate (Nq, Nk), nearest first: each rounded to the declared multiple and clamped, their order kept (the
+    larger one a multiple further when rounding made them equal); made equal when the kernel needs Nq == Nk (the
+    larger first, then the smaller)."""
+    m = decl.seq_multiple
+    equal = decl.same_length or (decl.causal_same_length and case.causal)
+    out = []
+    if equal:
+        for n in (max(case.Nq, case.Nk), min(case.Nq, case.Nk)):
+            for up in (True, False):
+                f = _fit(decl, n, up)
+                if f:
+                    out.append((f, f))
+        return list(dict.fromkeys(out))
+    for up in (True, False):
+        q, k = _fit(decl, case.Nq, up), _fit(decl, case.Nk, up)
+        if q is None or k is None:
+            continue
+        if case.Nq < case.Nk and q >= k:
+            k = q + m
+        elif case.Nq > case.Nk and q <= k:
+            q = k + m
+        if decl.max_seq is not None and max(q, k) > decl.max_seq:
+            continue
+        out.append((q, k))
+    return list(dict.fromkeys(out))
+
+
+def _head_dims(case, decl, ok):
+    """Candidate head dims, nearest first (the case's own when declared). A hand value (explicit data) can only
+    grow: its extra columns are zeros."""
+    if ok(case.D):
+        return [case.D]
+    dims = [d for d in range(1, 257) if ok(d) and (case.data != "explicit" or d > case.D)]
+    return sorted(dims, key=lambda d: (abs(math.log(d / case.D)), d))[:4]
+
+
+def _padded(rows, d):
+    return tuple(tuple(r) + (0.0,) * (d - len(r)) for r in rows)
+
+
+def _with_head_dim(case, d):
+    if d == case.D:
+        return {}
+    change = {"D": d}
+    if case.data == "explicit":
+        # zero columns add nothing to q . k and nothing to the output's first columns: the answer keeps its value
+        # (both keys still score alike at the new default scale), its new columns are 0
+        change.update(q=_padded(case.q, d), k=_padded(case.k, d), v=_padded(case.v, d))
+        if isinstance(case.expected, tuple):
+            change["expected"] = _padded(case.expected, d)
+    return change
+
+
+def _name(case, changes):
+    base, _, dtype = case.name.partition("[")
+    shown = ", ".join(f"{k}={v}" for k, v in changes.items() if k in ("B", "H", "Nq", "Nk", "D", "layout"))
+    dtype = dtype.rstrip("]")
+    return f"{base}[{dtype}, {shown}]" if dtype else f"{base}[{shown}]"
+
+
+def project(case, decl, admissible, head_dim_ok=None):
+    """(the nearest case inside the declarations that keeps case's point, None) or (None, why not).
+
+    admissible(candidate) -> [reasons it is still excluded] (the declarations, the signature); head_dim_ok: which
+    head dims the kernel takes (default: the declarations')."""
+    ok = head_dim_ok or decl.head_dim_ok
+    layouts = decl.layouts()
+    layout = case.layout if case.layout in layouts else "contiguous" if "contiguous" in layouts else None
+    if layout is None:
+        return None, "no declared layout"
+    lost = set()
+    for d in _head_dims(case, decl, ok):
+        for nq, nk in _length_pairs(case, decl) or [(case.Nq, case.Nk)]:
+            changes = {k: n for k, n in (("Nq", nq), ("Nk", nk)) if n != getattr(case, k)}
+            changes.update(_with_head_dim(case, d))
+            if layout != case.layout:
+                changes["layout"] = layout
+            if not changes:
+                continue
+            candidate = case.replace(**changes)
+            missing = kept(case, candidate)
+            if missing:
+                lost.update(missing)
+                continue
+            if admissible(candidate):
+                continue
+            try:
+                values(candidate)          # a magnitude the new head dim's inputs cannot hold
+            except ValueError:
+                continue
+            return candidate.replace(name=_name(case, changes)), None
+    # what the declarations take away (lengths, head dims, layouts it could move did not keep it), or, where no
+    # move was left to try (a causal mask, a dtype, a scale: projection never changes those), the whole point
+    lost = lost or {POINTS[p][1] for p in case.point}
+    if not lost:
+        return None, "it has no point a projection keeps"
+    return None, f"its point ({'; '.join(sorted(lost))}) cannot survive the declarations"

@@ -1,0 +1,70 @@
+"""The compile caches verify's workers share, across workers and across runs.
+
+A Triton kernel is compiled for every specialisation it meets (its head dim and tiles, the divisibility of its
+integer arguments and pointers), an autotuned one tunes again for every new key, and torch.compile traces anew:
+most of a cold verify of a Triton kernel is compiling. Triton and TorchInductor keep what they compiled on disk
+when told where. flashcheck owns one directory for both (FLASHCHECK_CACHE_DIR, default $XDG_CACHE_HOME/flashcheck
+or ~/.cache/flashcheck), given to every worker, so a second, unchanged run finds its kernels compiled (a warm run)
+and a case's kernels compiled by one worker serve the others. A user's own TRITON_CACHE_DIR or
+TORCHINDUCTOR_CACHE_DIR is kept. --no-cache gives a run a fresh, temporary directory instead (a cold run).
+"""
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+
+
+def default_dir():
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.environ.get("FLASHCHECK_CACHE_DIR") or os.path.join(base, "flashcheck")
+
+
+@dataclass
+class Cache:
+    """The directories a run's workers compile into (env: what they get in their environment)."""
+    root: str
+    env: dict = field(default_factory=dict)
+    temporary: bool = False
+    before: int = 0
+
+    @classmethod
+    def open(cls, enabled=True):
+        if enabled:
+            root = default_dir()
+            try:
+                os.makedirs(root, exist_ok=True)
+            except OSError:        # an unwritable home: a run still works, only cold
+                root, enabled = tempfile.mkdtemp(prefix="flashcheck-cache-"), False
+        else:
+            root = tempfile.mkdtemp(prefix="flashcheck-cache-")
+        env = {}
+        for var, sub in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
+            if enabled and os.environ.get(var):
+                continue           # the user's own choice stands
+            env[var] = os.path.join(root, sub)
+        cache = cls(root, env, temporary=not enabled)
+        cache.before = cache.kernels()
+        return cache
+
+    @property
+    def triton_dir(self):
+        return self.env.get("TRITON_CACHE_DIR") or os.environ.get("TRITON_CACHE_DIR") or ""
+
+    def kernels(self):
+        """How many compiled Triton kernels the cache holds (one directory each)."""
+        try:
+            return sum(1 for e in os.scandir(self.triton_dir) if e.is_dir())
+        except OSError:
+            return 0
+
+    def line(self):
+        """What the report says about the cache."""
+        if self.temporary:
+            return f"compile cache: none kept (--no-cache: {self.kernels()} kernel(s) compiled into a temporary directory)"
+        now = self.kernels()
+        return (f"compile cache: {self.triton_dir or self.root}: {now - self.before} kernel(s) compiled by this run, "
+                f"{self.before} there before (--no-cache for a cold run)")
+
+    def close(self):
+        if self.temporary:
+            shutil.rmtree(self.root, ignore_errors=True)
