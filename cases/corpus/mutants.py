@@ -532,7 +532,8 @@ MUTANTS = [
            _CAUSAL_ALIGN, ("causal_nq_lt_nk", "causal_nq_gt_nk")),
     # --- the store ---------------------------------------------------------------------------------
     Mutant("store_no_row_mask", "fused",
-           "o_mask = (offs_m[:, None] < Nq) & (offs_dv[None, :] < HEAD_DIM_V)", "o_mask = offs_dv[None, :] < HEAD_DIM_V",
+           "o_mask = (offs_m[:, None] < Nq) & (offs_dv[None, :] < HEAD_DIM_V)",
+           "o_mask = offs_dv[None, :] < HEAD_DIM_V",
            "store without the row mask: the partial last query block writes past the output",
            _SEED_DECOMP + " (row mask on the store)", ("partial_last_query_block", "nq_lt_block_m")),
     Mutant("store_row_mask_off_by_one", "fused",
