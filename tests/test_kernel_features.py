@@ -6,8 +6,9 @@ Shapes are awkward on purpose (Nq != Nk both ways, partial blocks, several key b
 or leaving rows with no key, group sizes that are not squares, Dv below, above and not a power of two), and run
 through the kernel's paths: pinned blocks (the interpreter takes blocks down to 4), non-contiguous layouts with
 NaN in the gaps, a NaN-poisoned output (every element must be written), tensor descriptors (fp16 in aligned
-layouts), split-KV decode, the split head dim of fp32 at D = 128. Interpreter time is about 2.5 ms per (query
-block, key block) step, so the shapes stay small.
+layouts), split-KV decode, the split head dim of fp32 at D = 128 (also as tf32x3, which reads Q in the loop),
+fp16's exact second pass for row maxes past 2^24. Interpreter time is about 2.5 ms per (query block, key block)
+step, so the shapes stay small.
 """
 import math
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from flashcheck.kernel import fused, unfused
 from flashcheck.reference.problem import Problem
 
 KERNELS = {"fused": fused.attention, "unfused": unfused.attention}
+# fp32 also as tf32x3, whose split head dim reads Q again in every key block (Q_IN_LOOP)
+FP32_KERNELS = dict(KERNELS, fused_tf32x3=fused.attention_tf32x3)
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 # the kernels compute -inf - -inf on purpose only in dead lanes; NumPy's warnings about them are noise here
@@ -72,6 +75,12 @@ SPECS = {
     "window_left_many_key_blocks": Spec(Nq=20, Nk=61, window=(9, None), block_m=16, block_n=4),
     "window_right_only": Spec(Nq=26, Nk=21, window=(None, 4), block_m=4, block_n=8),
     "window_causal_overrides_right": Spec(Nq=22, Nk=30, window=(6, 9), causal=True, block_m=8, block_n=4),
+    # a window alone keeps the fast path's max of the raw scores, which a negative scale turns into the min
+    "window_negative_scale": Spec(Hkv=1, Nq=18, Nk=61, window=(10, 4), scale=-0.5, block_m=8, block_n=4),
+    # row maxes past 2^24 (log2 units): fp16 runs its keys again in the exact pass, window edges and bias included
+    "exact_second_pass_window_alibi": Spec(Nq=20, Nk=33, window=(6, 3), alibi="h", scale=1e7, block_m=8,
+                                           block_n=8),
+    "exact_second_pass_left_window": Spec(Nq=20, Nk=45, window=(12, None), scale=-3e6, block_m=8, block_n=4),
     # --- softcap -----------------------------------------------------------------------------------------
     # |scale q.k| ~ 100, far past 88 c: (e^2x - 1) / (e^2x + 1) would be inf / inf
     "softcap_tanh_region": Spec(Nq=17, Nk=27, softcap=0.5, q_mult=100.0, block_m=8, block_n=8),
@@ -192,9 +201,10 @@ def test_feature_against_reference(kernel, name, dtype, device, backend):
 
 
 @pytest.mark.parametrize("name", sorted(FP32_SPECS))
-@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("kernel", sorted(FP32_KERNELS))
 def test_fp32_head_dim_128(kernel, name, device, backend):
-    check_against_reference(KERNELS[kernel], FP32_SPECS[name], torch.float32, device, backend, f"{kernel} {name}")
+    check_against_reference(FP32_KERNELS[kernel], FP32_SPECS[name], torch.float32, device, backend,
+                            f"{kernel} {name}")
 
 
 def test_fp32_head_dim_128_paths():
