@@ -1,7 +1,9 @@
 """Input checks shared by the project's kernels: bad input gets a named ValueError/TypeError here, never a
 crash inside Triton or a silently wrong answer."""
 import math
+import numbers
 import os
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -15,7 +17,10 @@ def interpreter_active():
 
 
 def check_attention_inputs(q, k, v, causal, scale, out, block_m, block_n):
-    """Validate a call of the attention protocol; return (B, H, Nq, Nk, D, scale)."""
+    """Validate a call of the attention protocol; return (B, Hq, Nq, Nk, D, scale).
+
+    q: (B, Hq, Nq, D); k: (B, Hkv, Nk, D) and v: (B, Hkv, Nk, Dv) with Hq a multiple of Hkv (GQA/MQA) and Dv in
+    1..MAX_HEAD_DIM (V's own head dim); out, if given: (B, Hq, Nq, Dv) in q's dtype and device."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -27,18 +32,24 @@ def check_attention_inputs(q, k, v, causal, scale, out, block_m, block_n):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    B, H, Nq, D = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if k.shape[0] != B or k.shape[1] != H:
-        raise ValueError(f"batch/heads differ: q has (B, H) = {(B, H)}, k and v have {tuple(k.shape[:2])}")
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk, Dv = k.shape[1], k.shape[2], v.shape[3]
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k and v must have the same shape (B, Hkv, Nk) in their first three dims (only the head "
+                         f"dim may differ), got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[0] != B:
+        raise ValueError(f"batch/heads differ: q has B = {B}, k and v have B = {k.shape[0]}")
+    if (Hkv == 0 and Hq != 0) or (Hkv and Hq % Hkv):
+        raise ValueError(f"batch/heads: q has Hq = {Hq} heads, k and v have Hkv = {Hkv}; Hq must be a multiple of "
+                         f"Hkv (GQA/MQA: query head h reads kv head h // (Hq // Hkv))")
     if k.shape[3] != D:
-        raise ValueError(f"head dim differs: q has D = {D}, k and v have D = {k.shape[3]}")
-    Nk = k.shape[2]
+        raise ValueError(f"head dim differs: q has D = {D}, k has D = {k.shape[3]}")
     if Nk == 0:
         raise ValueError("Nk = 0: attention over no keys is undefined (the softmax has no terms)")
     if not 1 <= D <= MAX_HEAD_DIM:
         raise ValueError(f"head dim D = {D} is outside the supported range 1..{MAX_HEAD_DIM}")
+    if not 1 <= Dv <= MAX_HEAD_DIM:
+        raise ValueError(f"v's head dim Dv = {Dv} is outside the supported range 1..{MAX_HEAD_DIM}")
     if interpreter_active():
         if q.device.type != "cpu":
             raise ValueError(f"Triton's interpreter (TRITON_INTERPRET=1) runs on CPU tensors, got device {q.device}")
@@ -54,9 +65,10 @@ def check_attention_inputs(q, k, v, causal, scale, out, block_m, block_n):
     if out is not None:
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-        if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-            raise ValueError(f"out must match q: shape {tuple(q.shape)}, {q.dtype}, {q.device}; "
-                             f"got {tuple(out.shape)}, {out.dtype}, {out.device}")
+        shape = (B, Hq, Nq, Dv)
+        if tuple(out.shape) != shape or out.dtype != q.dtype or out.device != q.device:
+            raise ValueError(f"out must match q (B, Hq, Nq) and v's head dim Dv: shape {shape}, {q.dtype}, "
+                             f"{q.device}; got {tuple(out.shape)}, {out.dtype}, {out.device}")
     for name, blk in (("block_m", block_m), ("block_n", block_n)):
         if blk is None:
             continue
@@ -64,7 +76,63 @@ def check_attention_inputs(q, k, v, causal, scale, out, block_m, block_n):
             raise ValueError(f"{name} must be a power of two, got {blk!r}")
         if not interpreter_active() and blk < 16:
             raise ValueError(f"{name} = {blk}: tl.dot needs every dimension >= 16 on the GPU")
-    return B, H, Nq, Nk, D, float(scale)
+    return B, Hq, Nq, Nk, D, float(scale)
+
+
+class Features(NamedTuple):
+    """The optional features of one call, checked: the window's sides (None: unbounded; causal folded in as the
+    right side 0), the softcap (a float > 0, or None) and the ALiBi slopes as a (B, Hq) fp32 view (stride 0 along
+    B for slopes of shape (Hq,)), or None."""
+    left: Optional[int]
+    right: Optional[int]
+    softcap: Optional[float]
+    slopes: Optional[torch.Tensor]
+
+
+def _window_side(name, x):
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"window's {name} side must be None or an int >= 0, got {x!r}")
+    if x < 0:
+        raise ValueError(f"window's {name} side must be >= 0 (keys on that side of the diagonal), got {x}")
+    return int(x)
+
+
+def check_features(q, causal, window, softcap, alibi_slopes):
+    """Validate the protocol-v3 options of a call whose q is (B, Hq, Nq, D); return its Features.
+
+    window: None or (left, right), each None or an int >= 0: query i sees key j iff
+    i + Nk - Nq - left <= j <= i + Nk - Nq + right; causal=True sets right = 0, whatever window says.
+    softcap: None or a finite real c > 0. alibi_slopes: None or a float32 tensor of shape (Hq,) or (B, Hq) on q's
+    device."""
+    left = right = None
+    if window is not None:
+        if not isinstance(window, (tuple, list)) or len(window) != 2:
+            raise TypeError(f"window must be None or a pair (left, right) of None or ints >= 0, got {window!r}")
+        left, right = _window_side("left", window[0]), _window_side("right", window[1])
+    if causal:
+        right = 0
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+            raise TypeError(f"softcap must be None or a real number > 0, got {softcap!r}")
+        if not (math.isfinite(softcap) and softcap > 0):
+            raise ValueError(f"softcap must be a finite number > 0, got {softcap!r}")
+        softcap = float(softcap)
+    slopes = None
+    if alibi_slopes is not None:
+        B, Hq = q.shape[0], q.shape[1]
+        if not isinstance(alibi_slopes, torch.Tensor):
+            raise TypeError(f"alibi_slopes must be a torch.Tensor, got {type(alibi_slopes).__name__}")
+        if alibi_slopes.dtype != torch.float32:
+            raise TypeError(f"alibi_slopes must be float32, got {alibi_slopes.dtype}")
+        if tuple(alibi_slopes.shape) not in ((Hq,), (B, Hq)):
+            raise ValueError(f"alibi_slopes must have shape ({Hq},) or ({B}, {Hq}) (Hq = query heads), got "
+                             f"{tuple(alibi_slopes.shape)}")
+        if alibi_slopes.device != q.device:
+            raise ValueError(f"alibi_slopes must be on q's device {q.device}, got {alibi_slopes.device}")
+        slopes = alibi_slopes.expand(B, Hq)
+    return Features(left, right, softcap, slopes)
 
 
 def check_launch(num_warps, num_stages):

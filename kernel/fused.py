@@ -17,14 +17,19 @@ Two lengths, never one N: Nq (query rows: grid, row mask, store) and Nk (keys: l
 score mask). Every comment "guards:" names the catalogue case (cases/catalogue.py) or the mutant of the
 bug corpus (cases/corpus/mutants.py) that proves the line is needed.
 
-Cost: reads B*H*(Nq + 2*Nk)*D elements, writes B*H*Nq*D (+ B*H*Nq for the log-sum-exp);
-4*B*H*Nq*Nk*D flops (half that when causal and Nq == Nk).
+The protocol's optional features (docs/design.md, protocol v3), each behind a constexpr of its own so that a call
+without it compiles to the kernel without it: GQA/MQA (KV_GROUP query heads read one kv head), V's own head dim
+(BLOCK_DV, HEAD_DIM_V), a window of keys around the diagonal (WINDOW_LEFT, WINDOW_RIGHT; causal is its right
+side 0), the softcap (SOFTCAP) and ALiBi (HAS_ALIBI) transforms of the scores.
+
+Cost: reads B*Hq*Nq*D + B*Hkv*Nk*(D + Dv) elements, writes B*Hq*Nq*Dv (+ B*Hq*Nq for the log-sum-exp);
+2*B*Hq*Nq*Nk*(D + Dv) flops (half that when causal and Nq == Nk; windows visit fewer key blocks).
 """
 import torch
 import triton
 import triton.language as tl
 
-from flashcheck.kernel._protocol import check_attention_inputs, check_launch, interpreter_active
+from flashcheck.kernel._protocol import check_attention_inputs, check_features, check_launch, interpreter_active
 
 try:
     from triton.language.extra import libdevice
@@ -43,10 +48,11 @@ _STAGES_THAT_FIT = {}       # launch configuration -> the num_stages that compil
 
 
 @triton.jit
-def _load_kv(ptrs, desc, off_b, off_h, start_n, kv_rows, COL: tl.constexpr, BLOCK_N: tl.constexpr,
+def _load_kv(ptrs, desc, off_b, off_hkv, start_n, kv_rows, COL: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr):
-    """One block of K or V: key rows [start_n, start_n + BLOCK_N) (kv_rows: which are < Nk) and head-dim
-    columns [COL, COL + BLOCK_D), whose first column ptrs points at (or through the tensor descriptor desc)."""
+    """One block of K or V (kv head off_hkv): key rows [start_n, start_n + BLOCK_N) (kv_rows: which are < Nk) and
+    head-dim columns [COL, COL + BLOCK_D) of HEAD_DIM (D for K, Dv for V), whose first column ptrs points at (or
+    through the tensor descriptor desc)."""
     offs_d = COL + tl.arange(0, BLOCK_D)
     # K/V rows beyond Nk load as 0, never -inf: a -inf in K makes the dot NaN through 0 * inf.
     # The two conditions are combined with &, not +: a sum of booleans is an OR and reads out of bounds.
@@ -56,7 +62,7 @@ def _load_kv(ptrs, desc, off_b, off_h, start_n, kv_rows, COL: tl.constexpr, BLOC
         # Tensor descriptors (TMA): the hardware zero-fills rows past Nk and columns past HEAD_DIM, so no
         # block needs a load mask (the score mask still applies). guards: mutants
         # tma_coords_batch_head_swapped, tma_desc_rows_nq; cases half_descriptor_layout, half_descriptor_nq_gt_nk
-        x = desc.load([off_b, off_h, start_n, COL]).reshape(BLOCK_N, BLOCK_D)
+        x = desc.load([off_b, off_hkv, start_n, COL]).reshape(BLOCK_N, BLOCK_D)
     elif MASKED:
         kv_mask = kv_rows & (offs_d[None, :] < HEAD_DIM)
         x = tl.load(ptrs, mask=kv_mask, other=0.0)
@@ -104,10 +110,27 @@ def _times_scale(qk, qk_scale, EXACT: tl.constexpr, MUL_RN: tl.constexpr):
 
 
 @triton.jit
+def _softcap(s, cap):
+    """cap * tanh(s / cap), for scores s in the loop's log2 units (cap = c * log2(e): c tanh(x / c) in natural
+    units, scaled). tanh from e = exp(-2 |x|), which lies in (0, 1]: finite for every x, where the textbook
+    (e^2x - 1) / (e^2x + 1) overflows to inf / inf = NaN from |x| ~ 44 on; exactly odd; near 0 the absolute
+    error is a few ulps of 1, a few ulps of cap in the score, as the tolerance allows. Triton has no tl.tanh on
+    every version (and libdevice's is slower). Proposed mutants (scratch_notes/proposed_mutants.md, killed by
+    tests/test_kernel_features.py): softcap_textbook_tanh, softcap_ratio_times_tanh"""
+    x = s * (1.0 / cap)
+    e = tl.math.exp2(-2.8853900817779268 * tl.abs(x))   # exp(-2 |x|) = exp2(-2 log2(e) |x|)
+    t = (1.0 - e) / (1.0 + e)
+    return cap * tl.where(x < 0, -t, t)
+
+
+@triton.jit
 def _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, stride_vk,
-                    desc_k, desc_v, off_b, off_h, qk_scale, start_m, lo, hi, Nk, causal_shift,
+                    desc_k, desc_v, off_b, off_hkv, qk_scale, softcap, alibi, start_m, lo, hi, Nk, causal_shift,
+                    left_shift, right_shift,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, BLOCK_DV: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                    MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr,
+                    WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                     NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                     D_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, EXACT: tl.constexpr, MUL_RN: tl.constexpr):
     """Fold key blocks [lo, hi) into the running state (m_i, l_i, acc; with D_SPLIT, acc1 holds the output's
@@ -116,9 +139,14 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn, 
     magnitude where the fused pass is no longer exact enough (see _attn_fwd_keys); EXACT is the pass that
     replaces them.
 
-    MASKED=False is the fast path for blocks every row of this program fully sees: no key mask, no causal
-    mask. MASKED=True handles the rest: the partial last key block and the blocks that cross the causal
-    diagonal.
+    Row i sees key j iff j < Nk and, where the constexprs say so, j <= i + right_shift (IS_CAUSAL, WINDOW_RIGHT)
+    and j >= i + left_shift (WINDOW_LEFT); row i's diagonal key is i + causal_shift (Nk - Nq: bottom-right),
+    from which ALiBi counts its distance. softcap (c log2 e) and alibi (the slope times log2 e) are in the
+    loop's log2 units.
+
+    MASKED=False is the fast path for blocks every row of this program fully sees: no key mask, no causal or
+    window mask. MASKED=True handles the rest: the partial last key block and the blocks that cross the causal
+    diagonal or a window's edge.
     """
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -126,8 +154,12 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn, 
     v_ptrs += lo * stride_vn
     for start_n in range(lo, hi, BLOCK_N):
         kv_rows = (start_n + offs_n)[:, None] < Nk   # the key rows that exist (the load masks' rows)
-        k = _load_kv(k_ptrs, desc_k, off_b, off_h, start_n, kv_rows, 0, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
-        v = _load_kv(v_ptrs, desc_v, off_b, off_h, start_n, kv_rows, 0, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
+        k = _load_kv(k_ptrs, desc_k, off_b, off_hkv, start_n, kv_rows, 0, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED,
+                     USE_TMA)
+        # V has its own head dim (BLOCK_DV, HEAD_DIM_V: Dv, which may differ from D). Proposed mutant
+        # (scratch_notes/proposed_mutants.md, as are the others named below): dv_load_mask_head_dim
+        v = _load_kv(v_ptrs, desc_v, off_b, off_hkv, start_n, kv_rows, 0, BLOCK_N, BLOCK_DV, HEAD_DIM_V, MASKED,
+                     USE_TMA)
         # S = Q K^T, accumulated in fp32 (in fp64 under INPUT_PRECISION "fp64", then rounded once to fp32 below)
         # and scaled in fp32 (qk_scale = scale * log2(e): the loop works in base 2). fp32 operands need
         # input_precision="ieee": the default tf32 keeps 10 mantissa bits (~1e-3 relative error). guards: mutants
@@ -136,22 +168,37 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn, 
         if D_SPLIT:
             # S = Q_0 K_0^T + Q_1 K_1^T over the two halves of the head dim. guards: mutant
             # d_split_second_half_same_columns; cases fp32_precision, head_dim_111
-            k1 = _load_kv(k_ptrs + BLOCK_D * stride_kk, desc_k, off_b, off_h, start_n, kv_rows, BLOCK_D, BLOCK_N,
+            k1 = _load_kv(k_ptrs + BLOCK_D * stride_kk, desc_k, off_b, off_hkv, start_n, kv_rows, BLOCK_D, BLOCK_N,
                           BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
             qk = _mma(_q_tile(q1, Q_IN_LOOP), tl.trans(k1), qk, INPUT_PRECISION)
         qk = qk.to(tl.float32)
-        if MASKED:
+        if MASKED or SOFTCAP or HAS_ALIBI:
+            # The scores themselves, then their row max: a transformed score is no longer the raw one scaled, so
+            # the fast path's max of the raw scores does not apply to it
             qk = _times_scale(qk, qk_scale, EXACT, MUL_RN)
-            # The score mask varies along the KEY axis ([None, :] on S); the K/V load mask has the wrong
-            # axes (key rows x head-dim columns). guards: mutant score_mask_wrong_axis, case block_m_gt_block_n
-            # (and mutants score_mask_from_kv_mask, score_mask_nq)
-            valid = (start_n + offs_n)[None, :] < Nk
-            if IS_CAUSAL:
-                # bottom-right alignment: query i sees key j iff j <= i + (Nk - Nq).
-                # guards: mutants causal_top_left, causal_shift_sign; cases causal_nq_lt_nk / causal_nq_gt_nk
-                valid = valid & ((start_n + offs_n)[None, :] <= offs_m[:, None] + causal_shift)
-            # -inf on invalid scores: they lose the max and exp to exactly 0. guards: mutant no_score_mask
-            qk = tl.where(valid, qk, float("-inf"))
+            if SOFTCAP:
+                # c tanh(s / c) of the scaled score, BEFORE the masks (a capped -inf would be a finite -c) and
+                # before the bias. Proposed mutant: softcap_after_mask
+                qk = _softcap(qk, softcap)
+            if HAS_ALIBI:
+                # -slope |i + Nk - Nq - j|: the distance from row i's diagonal key (bottom-right, like the
+                # causal mask; for non-causal rows j lies on both sides of it). Proposed mutants: alibi_sign,
+                # alibi_top_left, alibi_no_abs
+                qk = qk - alibi * tl.abs(offs_m[:, None] + causal_shift - (start_n + offs_n)[None, :]).to(tl.float32)
+            if MASKED:
+                # The score mask varies along the KEY axis ([None, :] on S); the K/V load mask has the wrong
+                # axes (key rows x head-dim columns). guards: mutant score_mask_wrong_axis, case block_m_gt_block_n
+                # (and mutants score_mask_from_kv_mask, score_mask_nq)
+                valid = (start_n + offs_n)[None, :] < Nk
+                if IS_CAUSAL or WINDOW_RIGHT:
+                    # bottom-right alignment: query i sees key j iff j <= i + (Nk - Nq) (+ the window's right side).
+                    # guards: mutants causal_top_left, causal_shift_sign; cases causal_nq_lt_nk / causal_nq_gt_nk
+                    valid = valid & ((start_n + offs_n)[None, :] <= offs_m[:, None] + right_shift)
+                if WINDOW_LEFT:
+                    # and j >= i + (Nk - Nq) - left (the side included). Proposed mutant: window_left_off_by_one
+                    valid = valid & ((start_n + offs_n)[None, :] >= offs_m[:, None] + left_shift)
+                # -inf on invalid scores: they lose the max and exp to exactly 0. guards: mutant no_score_mask
+                qk = tl.where(valid, qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             # A row that has seen no valid key yet has m_new = -inf, and -inf - (-inf) is NaN.
             # Shift such rows by 0 instead: their p and c are then exactly 0.
@@ -187,9 +234,9 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn, 
         acc = acc * c[:, None]
         acc = _mma(p.to(v.dtype), v, acc, INPUT_PRECISION)
         if D_SPLIT:
-            # the second half of the output is rescaled like the first. guards: mutant
-            # d_split_second_half_not_rescaled; case fp32_precision
-            v1 = _load_kv(v_ptrs + BLOCK_D * stride_vk, desc_v, off_b, off_h, start_n, kv_rows, BLOCK_D, BLOCK_N,
+            # the second half of the output is rescaled like the first (D_SPLIT only runs with Dv == D: V's
+            # halves are D's). guards: mutant d_split_second_half_not_rescaled; case fp32_precision
+            v1 = _load_kv(v_ptrs + BLOCK_D * stride_vk, desc_v, off_b, off_hkv, start_n, kv_rows, BLOCK_D, BLOCK_N,
                           BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
             acc1 = _mma(p.to(v1.dtype), v1, acc1 * c[:, None], INPUT_PRECISION)
         m_i = m_new  # guards: mutant m_never_updated
@@ -200,14 +247,18 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn, 
 
 
 @triton.jit
-def _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, stride_vk, desc_k, desc_v, off_b, off_h,
-                   qk_scale, start_m, fast_lo, fast_hi, masked_lo, masked_hi, Nk, causal_shift,
+def _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, stride_vk, desc_k, desc_v, off_b, off_hkv,
+                   qk_scale, softcap, alibi, start_m, lead_lo, lead_hi, fast_lo, fast_hi, masked_lo, masked_hi, Nk,
+                   causal_shift, left_shift, right_shift,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   IS_CAUSAL: tl.constexpr, NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                   BLOCK_DV: tl.constexpr, HEAD_DIM_V: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                   WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+                   HAS_ALIBI: tl.constexpr, NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                    USE_TMA: tl.constexpr, D_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, EXACT: tl.constexpr,
                    MUL_RN: tl.constexpr):
-    """The whole key range of one program from a fresh state: the fast blocks [fast_lo, fast_hi), then the
-    masked ones [masked_lo, masked_hi). Returns (acc, acc1, l, m, big).
+    """The whole key range of one program from a fresh state: with WINDOW_LEFT the masked blocks at the window's
+    left edge [lead_lo, lead_hi), then the fast blocks [fast_lo, fast_hi), then the masked ones
+    [masked_lo, masked_hi). Returns (acc, acc1, l, m, big).
 
     The kernel compiles with fp fusion on, so the first pass (EXACT False) scales and shifts each score in one
     fused multiply-add, which is only exact enough while the row max stays below 2^24 in magnitude (see the
@@ -220,21 +271,34 @@ def _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, strid
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     big = tl.zeros([BLOCK_M], dtype=tl.int1)
     acc_dtype: tl.constexpr = tl.float64 if INPUT_PRECISION == "fp64" else tl.float32
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=acc_dtype)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=acc_dtype)
     if D_SPLIT:
         acc1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=acc_dtype)
     else:
         acc1 = acc
+    if WINDOW_LEFT:
+        acc, acc1, l_i, m_i, big = _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn,
+                                                   stride_vn, stride_kk, stride_vk, desc_k, desc_v, off_b, off_hkv,
+                                                   qk_scale, softcap, alibi, start_m, lead_lo, lead_hi, Nk,
+                                                   causal_shift, left_shift, right_shift,
+                                                   BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, BLOCK_DV, HEAD_DIM_V, True,
+                                                   IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, HAS_ALIBI,
+                                                   NEGATIVE_SCALE, INPUT_PRECISION, USE_TMA, D_SPLIT, Q_IN_LOOP,
+                                                   EXACT, MUL_RN)
     acc, acc1, l_i, m_i, big = _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn,
-                                               stride_vn, stride_kk, stride_vk, desc_k, desc_v, off_b, off_h,
-                                               qk_scale, start_m, fast_lo, fast_hi, Nk, causal_shift,
-                                               BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, False, IS_CAUSAL,
+                                               stride_vn, stride_kk, stride_vk, desc_k, desc_v, off_b, off_hkv,
+                                               qk_scale, softcap, alibi, start_m, fast_lo, fast_hi, Nk,
+                                               causal_shift, left_shift, right_shift,
+                                               BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, BLOCK_DV, HEAD_DIM_V, False,
+                                               IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, HAS_ALIBI,
                                                NEGATIVE_SCALE, INPUT_PRECISION, USE_TMA, D_SPLIT, Q_IN_LOOP,
                                                EXACT, MUL_RN)
     acc, acc1, l_i, m_i, big = _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn,
-                                               stride_vn, stride_kk, stride_vk, desc_k, desc_v, off_b, off_h,
-                                               qk_scale, start_m, masked_lo, masked_hi, Nk, causal_shift,
-                                               BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, True, IS_CAUSAL,
+                                               stride_vn, stride_kk, stride_vk, desc_k, desc_v, off_b, off_hkv,
+                                               qk_scale, softcap, alibi, start_m, masked_lo, masked_hi, Nk,
+                                               causal_shift, left_shift, right_shift,
+                                               BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, BLOCK_DV, HEAD_DIM_V, True,
+                                               IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, HAS_ALIBI,
                                                NEGATIVE_SCALE, INPUT_PRECISION, USE_TMA, D_SPLIT, Q_IN_LOOP,
                                                EXACT, MUL_RN)
     return acc, acc1, l_i, m_i, big
@@ -248,17 +312,27 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
               stride_oz, stride_oh, stride_om, stride_ok,
               stride_lz, stride_lh, stride_lm,
               H, Nq, Nk, keys_per_split, DescK, DescV,
+              window_left, window_right, softcap, Alibi, stride_az, stride_ah,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
               NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
               USE_TMA: tl.constexpr, D_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, MUL_RN: tl.constexpr,
-              TWO_PASS: tl.constexpr):
+              TWO_PASS: tl.constexpr,
+              KV_GROUP: tl.constexpr, BLOCK_DV: tl.constexpr, HEAD_DIM_V: tl.constexpr, WINDOW_LEFT: tl.constexpr,
+              WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     """One (query block, batch x head) program; with SPLIT, one (query block, batch x head, key split)
     program that folds only keys [split * keys_per_split, (split + 1) * keys_per_split) and writes its partial
-    state (Out: fp32 (B*H, splits, Nq, HEAD_DIM) output normalised by its own l; Lse: fp32 (B*H, splits, Nq)
+    state (Out: fp32 (B*H, splits, Nq, HEAD_DIM_V) output normalised by its own l; Lse: fp32 (B*H, splits, Nq)
     log2-domain log-sum-exp) for _attn_combine.
     With D_SPLIT, BLOCK_D is half the padded head dim and the program works on the two halves of columns
-    separately (q and q1, acc and acc1): see default_blocks for why fp32 at D = 128 does."""
+    separately (q and q1, acc and acc1): see default_blocks for why fp32 at D = 128 does.
+
+    The optional features (the last constexprs; the host passes None for the arguments of a feature that is off,
+    which Triton then compiles as constants: a call without features compiles to the kernel without them):
+    H query heads, KV_GROUP of them per kv head (K and V have H // KV_GROUP heads); V and the output have head
+    dim HEAD_DIM_V in blocks of BLOCK_DV; WINDOW_LEFT / WINDOW_RIGHT: row i sees keys from i + Nk - Nq -
+    window_left / up to i + Nk - Nq + window_right (IS_CAUSAL is the right side 0); SOFTCAP: softcap is c log2 e;
+    HAS_ALIBI: Alibi points at the fp32 slopes, one per (batch, query head) through stride_az, stride_ah."""
     tl.static_assert(not (SPLIT and D_SPLIT), "split-KV and a split head dim are not combined")
     # One grid axis for (batch x head, query block), the query block varying fastest (the programs of one head
     # run together and share its K and V in L2): CUDA caps grid axes 1 and 2 at 65,535, so B*H on axis 1
@@ -276,16 +350,21 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     off_bh = tl.program_id(0) // m_blocks
     off_b = off_bh // H
     off_h = off_bh % H
+    # GQA/MQA: KV_GROUP consecutive query heads share one kv head (grouped, as FlashAttention and SDPA's
+    # enable_gqa map them: h // (Hq // Hkv)); K and V both. Proposed mutants: gqa_interleaved_map,
+    # gqa_group_inverted, gqa_v_reads_query_head
+    off_hkv = off_h // KV_GROUP
     # Batch/head offsets in int64: B*H*N*D passes 2^31 elements long before one head does.
     # guards: mutants int32_offsets (GPU case offsets_over_2_31), batch_head_swapped, k_batch_stride_from_q
     q_base = Q + off_b.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
-    k_base = K + off_b.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
-    v_base = V + off_b.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
+    k_base = K + off_b.to(tl.int64) * stride_kz + off_hkv.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vz + off_hkv.to(tl.int64) * stride_vh
     o_base = Out + off_b.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     # Masks compare logical coordinates (row, column) with their bounds; strides are applied separately.
     # Rows use Nq, columns use the true head dim (padded head-dim columns load as 0 and add 0 to every dot).
     q_mask = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_DIM)
@@ -310,7 +389,7 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
 
     if D_SPLIT:
         # the second half of the head dim (columns BLOCK_D .. 2 * BLOCK_D), masked past HEAD_DIM like the first;
-        # its mask serves the load of Q and the store of the output alike
+        # its mask serves the load of Q and the store of the output alike (the host splits only with Dv == D)
         offs_d1 = BLOCK_D + offs_d
         mask1 = (offs_m[:, None] < Nq) & (offs_d1[None, :] < HEAD_DIM)
         q1_cols = offs_d1
@@ -324,20 +403,40 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         q1 = q
 
     k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
-    v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vk
+    v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vk
     # The loop runs over KEYS, so its bounds use Nk (a bound from Nq ignores extra keys: 1 query vs keys
     # [1, 1] and values [5, 10] gave 5, not 7.5). guards: mutant loop_bound_nq, case hand_one_query_two_keys
     # (and mutant one_length_nq: one length passed for both)
     causal_shift = Nk - Nq
-    if IS_CAUSAL:
+    # Row i sees keys [i + left_shift, i + right_shift] of [0, Nk) (bottom-right: both sides count from the
+    # diagonal key i + Nk - Nq; causal is the right side 0). Proposed mutants: window_right_off_by_one,
+    # window_left_top_left
+    left_shift = 0
+    right_shift = causal_shift
+    if WINDOW_RIGHT:
+        right_shift = causal_shift + window_right
+    if WINDOW_LEFT:
+        left_shift = causal_shift - window_left
+    if IS_CAUSAL or WINDOW_RIGHT:
         # Never visit a key block that no row of this program can see (causal block skipping): the last key
         # a query block sees is bounded by its BLOCK_M rows. guards: mutant causal_hi_block_n ...
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_shift, 0), Nk)
+        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + right_shift, 0), Nk)
         # ... and skip the masks on blocks that every row sees entirely.
-        full_hi = tl.minimum(tl.maximum(start_m + causal_shift + 1, 0), hi) // BLOCK_N * BLOCK_N
+        full_hi = tl.minimum(tl.maximum(start_m + right_shift + 1, 0), hi) // BLOCK_N * BLOCK_N
     else:
         hi = Nk
         full_hi = Nk // BLOCK_N * BLOCK_N
+    if WINDOW_LEFT:
+        # Nor the blocks left of the window of the program's first row (the block holding its first key is the
+        # first one visited), and the masks stay on up to the first block whole in the window of its last row:
+        # the blocks [lo, full_lo) cross the window's left edge. lo <= full_lo <= full_hi <= hi.
+        # Proposed mutants: window_lead_block_unmasked, window_lo_skips_partial_block
+        lo = tl.maximum(start_m + left_shift, 0) // BLOCK_N * BLOCK_N
+        full_lo = tl.minimum((tl.maximum(start_m + BLOCK_M - 1 + left_shift, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N,
+                             full_hi)
+    else:
+        lo = 0
+        full_lo = 0
     if SPLIT:
         # This program's keys: [split_lo, split_hi), cut out of both ranges (keys_per_split is a multiple of
         # BLOCK_N, so every range still starts on a block). A split may hold no key a row sees (causal): the
@@ -347,12 +446,24 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         split_hi = split_lo + keys_per_split
         fast_lo, fast_hi = split_lo, tl.minimum(full_hi, split_hi)
         masked_lo, masked_hi = tl.maximum(full_hi, split_lo), tl.minimum(hi, split_hi)
+        lead_lo, lead_hi = lo, full_lo
+        if WINDOW_LEFT:
+            lead_lo, lead_hi = tl.maximum(lo, split_lo), tl.minimum(full_lo, split_hi)
+            fast_lo = tl.maximum(full_lo, split_lo)
     else:
-        fast_lo, fast_hi, masked_lo, masked_hi = 0, full_hi, full_hi, hi
+        lead_lo, lead_hi, fast_lo, fast_hi, masked_lo, masked_hi = lo, full_lo, full_lo, full_hi, full_hi, hi
+    if HAS_ALIBI:
+        # one slope per (batch, query head: slopes of shape (Hq,) come with stride_az = 0), in the loop's log2
+        # units. Proposed mutants: alibi_batch_slopes_ignored, alibi_natural_units
+        alibi = tl.load(Alibi + off_b.to(tl.int64) * stride_az + off_h.to(tl.int64) * stride_ah) * 1.4426950408889634
+    else:
+        alibi = 0.0
     acc, acc1, l_i, m_i, big = _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, stride_vk,
-                                              DescK, DescV, off_b, off_h, qk_scale, start_m, fast_lo, fast_hi,
-                                              masked_lo, masked_hi, Nk, causal_shift, BLOCK_M, BLOCK_N, BLOCK_D,
-                                              HEAD_DIM, IS_CAUSAL, NEGATIVE_SCALE, INPUT_PRECISION, USE_TMA,
+                                              DescK, DescV, off_b, off_hkv, qk_scale, softcap, alibi, start_m,
+                                              lead_lo, lead_hi, fast_lo, fast_hi, masked_lo, masked_hi, Nk,
+                                              causal_shift, left_shift, right_shift, BLOCK_M, BLOCK_N, BLOCK_D,
+                                              HEAD_DIM, BLOCK_DV, HEAD_DIM_V, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
+                                              SOFTCAP, HAS_ALIBI, NEGATIVE_SCALE, INPUT_PRECISION, USE_TMA,
                                               D_SPLIT, Q_IN_LOOP, not TWO_PASS, MUL_RN)
     if TWO_PASS:
         if tl.max(big.to(tl.int32), 0) > 0:
@@ -360,32 +471,34 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
             # whole program runs its keys again with the product rounded on its own. guards: mutants
             # exact_pass_never, exact_pass_fused (GPU); cases huge_scores[fp16], extreme_scores_bf16
             acc, acc1, l_i, m_i, big = _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk,
-                                                      stride_vk, DescK, DescV, off_b, off_h, qk_scale, start_m,
-                                                      fast_lo, fast_hi, masked_lo, masked_hi, Nk, causal_shift,
-                                                      BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, IS_CAUSAL,
-                                                      NEGATIVE_SCALE, INPUT_PRECISION, USE_TMA, D_SPLIT, Q_IN_LOOP,
-                                                      True, MUL_RN)
+                                                      stride_vk, DescK, DescV, off_b, off_hkv, qk_scale, softcap,
+                                                      alibi, start_m, lead_lo, lead_hi, fast_lo, fast_hi,
+                                                      masked_lo, masked_hi, Nk, causal_shift, left_shift,
+                                                      right_shift, BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, BLOCK_DV,
+                                                      HEAD_DIM_V, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP,
+                                                      HAS_ALIBI, NEGATIVE_SCALE, INPUT_PRECISION, USE_TMA, D_SPLIT,
+                                                      Q_IN_LOOP, True, MUL_RN)
+    # The store is masked by ROW (< Nq) and head-dim column (< Dv): the last query block may be partial.
+    # guards: mutants store_no_row_mask, store_row_mask_off_by_one; case partial_last_query_block
+    o_mask = (offs_m[:, None] < Nq) & (offs_dv[None, :] < HEAD_DIM_V)
     if SPLIT:
         # The partial state of this split: its output normalised by its own l (l = 0 when no row key fell in
         # it: divide by 1, not 0, or 0/0 = NaN reaches the combine, where a zero weight times NaN is still
-        # NaN), and its log2-domain log-sum-exp, -inf for such rows. guards: mutant split_partial_no_l_guard;
-        # case split_kv_decode_causal
+        # NaN), and its log2-domain log-sum-exp, -inf for such rows; rows of Dv columns (proposed mutant
+        # dv_split_partial_row_stride). guards: mutant split_partial_no_l_guard; case split_kv_decode_causal
         split = tl.program_id(2)
         l_part = tl.where(l_i == 0.0, 1.0, l_i)
         row = (off_bh.to(tl.int64) * tl.num_programs(2) + split) * Nq + offs_m
-        tl.store(Out + row[:, None] * HEAD_DIM + offs_d[None, :], acc / l_part[:, None], mask=q_mask)
+        tl.store(Out + row[:, None] * HEAD_DIM_V + offs_dv[None, :], acc / l_part[:, None], mask=o_mask)
         tl.store(Lse + row, tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_part)), mask=offs_m < Nq)
         return
 
-    # Normalise once. A row that sees no key (causal, Nq > Nk) has l = 0 and acc = 0: its output is 0
-    # (divide by 1, not 0) and its log-sum-exp is -inf. guards: mutants causal_no_masked_row_guard,
-    # empty_row_zero_division
+    # Normalise once. A row that sees no key (causal, Nq > Nk, or a window that holds no key) has l = 0 and
+    # acc = 0: its output is 0 (divide by 1, not 0) and its log-sum-exp is -inf. guards: mutants
+    # causal_no_masked_row_guard, empty_row_zero_division
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
-    # The store is masked by ROW (< Nq) and head-dim column: the last query block may be partial.
-    # guards: mutants store_no_row_mask, store_row_mask_off_by_one; case partial_last_query_block
-    o_mask = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_ok,
+    tl.store(o_base + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_ok,
              out.to(Out.dtype.element_ty), mask=o_mask)
     if D_SPLIT:
         tl.store(o_base + offs_m[:, None] * stride_om + offs_d1[None, :] * stride_ok,
@@ -547,12 +660,14 @@ def head_dim_block(D):
     return max(triton.next_power_of_2(D), 16)
 
 
-def head_dim_split(D, dtype):
+def head_dim_split(D, dtype, Dv=None):
     """Whether the kernel works on the head dim in two halves (D_SPLIT): fp32 with a padded head dim of 128.
     S = Q_0 K_0^T + Q_1 K_1^T and O = (P V_0, P V_1) are the same sums in another order; each dot holds half the
     operand registers and shared memory, which fp32 tiles run out of at D = 128 (default_blocks has the
-    figures). fp16/bf16 dots at D = 128 fit whole and run faster whole."""
-    return dtype == torch.float32 and head_dim_block(D) == 128
+    figures). fp16/bf16 dots at D = 128 fit whole and run faster whole. V's head dim Dv (default D) must be D:
+    the halves of V and of the output are D's halves. A call with Dv != D runs the whole head dims instead (the
+    same sums, slower: the path the split replaced)."""
+    return dtype == torch.float32 and head_dim_block(D) == 128 and (Dv is None or Dv == D)
 
 
 def fused_then_exact(dtype, precision):
@@ -562,9 +677,18 @@ def fused_then_exact(dtype, precision):
     return not (dtype == torch.float32 and precision == "ieee")
 
 
-def launch_block_d(D, dtype):
+def launch_block_d(D, dtype, Dv=None):
     """The BLOCK_D _attn_fwd is launched with: the padded head dim, or half of it under head_dim_split."""
-    return head_dim_block(D) // (2 if head_dim_split(D, dtype) else 1)
+    return head_dim_block(D) // (2 if head_dim_split(D, dtype, Dv) else 1)
+
+
+def features_off(D, dtype):
+    """The feature constexprs of _attn_fwd for a call without optional features (Hq == Hkv, Dv == D, no window,
+    softcap or ALiBi), and None for the features' arguments: what a compile outside attention (scripts/resources.py)
+    passes besides the story's constexprs."""
+    return dict(KV_GROUP=1, BLOCK_DV=launch_block_d(D, dtype), HEAD_DIM_V=D, WINDOW_LEFT=False, WINDOW_RIGHT=False,
+                SOFTCAP=False, HAS_ALIBI=False, window_left=None, window_right=None, softcap=None, Alibi=None,
+                stride_az=None, stride_ah=None)
 
 
 PRECISIONS = ("ieee", "tf32x3")
@@ -624,16 +748,22 @@ def tma_eligible(t):
             and all((st * size) % 16 == 0 for st in t.stride()[:3]))
 
 
-def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, block_m=None, block_n=None,
-              num_warps=None, num_stages=None, precision="ieee"):
+def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None, out=None,
+              return_lse=False, block_m=None, block_n=None, num_warps=None, num_stages=None, precision="ieee"):
     """Fused FlashAttention-2 forward.
 
-    q: (B, H, Nq, D); k, v: (B, H, Nk, D); one dtype (float32, float16 or bfloat16), one device; any
-    strides. scale defaults to 1/sqrt(D). causal=True is aligned bottom-right: query i sees key j iff
-    j <= i + Nk - Nq; a row that sees no key gives 0 (lse -inf).
-    out: optional (B, H, Nq, D) tensor of q's dtype and device, any strides, written in place.
-    Returns out (B, H, Nq, D) in q's dtype, and with return_lse=True also lse (B, H, Nq) float32, the
-    natural-log row log-sum-exp of the scaled scores.
+    q: (B, Hq, Nq, D); k: (B, Hkv, Nk, D); v: (B, Hkv, Nk, Dv); one dtype (float32, float16 or bfloat16), one
+    device; any strides. Hq is a multiple of Hkv (GQA/MQA): query head h reads kv head h // (Hq // Hkv). Dv in
+    1..256 may differ from D. scale defaults to 1/sqrt(D). causal=True is aligned bottom-right: query i sees key j
+    iff j <= i + Nk - Nq; a row that sees no key gives 0 (lse -inf).
+    window: None or (left, right), each None (unbounded) or an int >= 0: query i sees key j iff
+    i + Nk - Nq - left <= j <= i + Nk - Nq + right (bottom-right aligned; causal=True makes right 0, whatever
+    window says). softcap: None or c > 0: the scaled score s = scale q.k becomes c tanh(s / c), before the masks
+    and the bias. alibi_slopes: None or float32 (Hq,) or (B, Hq) on q's device: the score of (i, j) gets
+    -slope[b, h] |i + Nk - Nq - j| (after the softcap).
+    out: optional (B, Hq, Nq, Dv) tensor of q's dtype and device, any strides, written in place.
+    Returns out (B, Hq, Nq, Dv) in q's dtype, and with return_lse=True also lse (B, Hq, Nq) float32, the
+    natural-log row log-sum-exp of the transformed scores.
     block_m, block_n: optional powers of two overriding the default tile (>= 16 on the GPU);
     num_warps, num_stages: optional launch overrides (for tuning; defaults from default_blocks()).
     precision: how fp32 inputs are multiplied: "ieee" (the default, the seed's: no product rounded to tf32; fp32
@@ -642,23 +772,30 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
     head and a tf32 tail: fp32's accuracy within the same oracle tolerance, at tensor-core speed). fp16 and
     bf16 products are exact in fp32 whatever it says. Plain "tf32" (10 mantissa bits) is not offered: it
     fails the fp32 oracle (mutant fp32_tf32_dot).
+
+    Paths and features: every feature runs on every path (pointer or descriptor loads, split-KV, one or two
+    passes, every precision) except the split head dim (fp32, D = 128), which needs Dv == D: another Dv runs the
+    whole head dims (head_dim_split).
     """
     B, H, Nq, Nk, D, scale = check_attention_inputs(q, k, v, causal, scale, out, block_m, block_n)
+    Hkv, Dv = k.shape[1], v.shape[3]
+    window_left, window_right, softcap, slopes = check_features(q, causal, window, softcap, alibi_slopes)
     check_launch(num_warps, num_stages)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        out = torch.empty((B, H, Nq, Dv), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
     if B * H * Nq > 0:
         use_tma = tma_eligible(k) and tma_eligible(v)
-        bm, bn, warps, stages = default_blocks(Nq, Nk, D, q.dtype, precision, use_tma, q.device)
+        # the tile by the larger head dim: it sizes Q and K's tiles (D) or V's and the accumulator's (Dv)
+        bm, bn, warps, stages = default_blocks(Nq, Nk, max(D, Dv), q.dtype, precision, use_tma, q.device)
         bm, bn = block_m or bm, block_n or bn
         fixed_stages = num_stages is not None
         num_warps, num_stages = num_warps or warps, num_stages or stages
         # a descriptor's box is at most 256 rows (TMA's limit): a wider pinned key block loads through pointers
         use_tma = use_tma and bn <= 256
-        d_split = head_dim_split(D, q.dtype)
+        d_split = head_dim_split(D, q.dtype, Dv)
         # tf32x3 at a split head dim reads the Q tile again for every key block (from L1/L2) instead of holding
         # it, split in tf32 heads and tails, in registers for the whole loop (fewer spills). H200, D = 128, N = 4k,
         # kernel / SDPA-efficient in one process: Q held 1.19, causal 1.13; this clamped read 1.28 and 1.23. ieee:
@@ -675,22 +812,34 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
         splits, keys_per_split = (1, Nk) if d_split else split_plan(B, H, Nq, Nk, bm, bn, q.device)
         if splits > 1:
             # the partial states of the splits (every one written by its program, see _attn_fwd)
-            o_dst = torch.empty((B * H, splits, Nq, D), dtype=torch.float32, device=q.device)
+            o_dst = torch.empty((B * H, splits, Nq, Dv), dtype=torch.float32, device=q.device)
             l_dst = torch.empty((B * H, splits, Nq), dtype=torch.float32, device=q.device)
         else:
             o_dst, l_dst = out, lse
         grid = (triton.cdiv(Nq, bm) * B * H, 1, splits)
         desc_k = desc_v = None
         if use_tma:
-            # K and V as (B, H, Nk, D) in their own strides: blocks never cross into another head.
+            # K as (B, Hkv, Nk, D) and V as (B, Hkv, Nk, Dv) in their own strides, each with the box of its own head
+            # dim (proposed mutant dv_descriptor_shape_from_d): blocks never cross into another head.
             # guards: mutants tma_desc_rows_nq, tma_desc_padded_head_dim; case half_descriptor_layout
-            desc_k, desc_v = (TensorDescriptor(t, [B, H, Nk, D], list(t.stride()), [1, 1, bn, head_dim_block(D)])
-                              for t in (k, v))
+            desc_k = TensorDescriptor(k, [B, Hkv, Nk, D], list(k.stride()), [1, 1, bn, head_dim_block(D)])
+            desc_v = TensorDescriptor(v, [B, Hkv, Nk, Dv], list(v.stride()), [1, 1, bn, head_dim_block(Dv)])
+        # causal is the window's right side 0, and so is a window (left, 0): both take the causal kernel (its
+        # block skipping and its heaviest-first order); WINDOW_RIGHT is a right side > 0 without causal
+        is_causal = causal or window_right == 0
+        if is_causal:
+            window_right = None
+        # the features' arguments in the kernel's log2 units (None for a feature that is off; proposed mutant
+        # softcap_natural_units)
+        softcap_log2 = None if softcap is None else softcap * LOG2E
+        slope_strides = (None, None) if slopes is None else slopes.stride()
         # A tile the caller pins may not fit the default pipeline depth in shared memory (H200, fp16, D = 128,
         # descriptor loads: 64 x 128 with the decode default of 4 stages asks 273 KB of 227; found by a generated
         # case): it then runs with fewer stages, remembered per configuration. A depth the caller gave is kept.
         # guards: case block_override_decode_d128 (GPU)
-        key = (q.device, q.dtype, D, bm, bn, num_warps, num_stages, use_tma, d_split, precision, causal, splits > 1)
+        key = (q.device, q.dtype, D, Dv, bm, bn, num_warps, num_stages, use_tma, d_split, precision, is_causal,
+               splits > 1, window_left is not None, window_right is not None, softcap is not None,
+               slopes is not None)
         num_stages = _STAGES_THAT_FIT.get(key, num_stages)
         while True:
             try:
@@ -699,12 +848,18 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
                     q, k, v, o_dst, l_dst, scale * LOG2E,
                     *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
                     H, Nq, Nk, keys_per_split, desc_k, desc_v,
-                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=launch_block_d(D, q.dtype), HEAD_DIM=D,
+                    window_left, window_right, softcap_log2, slopes, *slope_strides,
+                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=launch_block_d(D, q.dtype, Dv), HEAD_DIM=D,
                     SPLIT=splits > 1, D_SPLIT=d_split, Q_IN_LOOP=q_in_loop, MUL_RN=not interpreter_active(),
                     TWO_PASS=two_pass,
-                    IS_CAUSAL=causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0, USE_TMA=use_tma,
+                    IS_CAUSAL=is_causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0, USE_TMA=use_tma,
                     # fp32 products as precision says (attention_tf32x3 is the verify entry of "tf32x3")
                     INPUT_PRECISION=dot_precision(q.dtype, precision, q.device),
+                    # the optional features (features_off gives these for a call without them); V's block is Dv's
+                    # (proposed mutant dv_block_from_d)
+                    KV_GROUP=H // Hkv, BLOCK_DV=head_dim_block(Dv) // (2 if d_split else 1), HEAD_DIM_V=Dv,
+                    WINDOW_LEFT=window_left is not None, WINDOW_RIGHT=window_right is not None,
+                    SOFTCAP=softcap is not None, HAS_ALIBI=slopes is not None,
                     num_warps=num_warps, num_stages=num_stages,
                     # fused multiply-adds, made exact where they would not be by a second pass (_attn_fwd_keys).
                     # Only the GPU fuses: the interpreter computes in NumPy.
@@ -719,16 +874,17 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
             cm = 16
             _attn_combine[(triton.cdiv(Nq, cm) * B * H,)](
                 o_dst, l_dst, out, lse, *out.stride(), *lse.stride(), H, Nq, splits,
-                BLOCK_M=cm, BLOCK_D=head_dim_block(D), HEAD_DIM=D, STORE_LSE=return_lse, num_warps=4)
+                BLOCK_M=cm, BLOCK_D=head_dim_block(Dv), HEAD_DIM=Dv, STORE_LSE=return_lse, num_warps=4)
     return (out, lse) if return_lse else out
 
 
-def attention_tf32x3(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, block_m=None,
-                     block_n=None, num_warps=None, num_stages=None):
+def attention_tf32x3(q, k, v, *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None, out=None,
+                     return_lse=False, block_m=None, block_n=None, num_warps=None, num_stages=None):
     """attention with precision="tf32x3": the entry point verify judges that mode through
     (flashcheck verify flashcheck.kernel.fused:attention_tf32x3), on the same fp32 tolerance as "ieee"."""
-    return attention(q, k, v, causal=causal, scale=scale, out=out, return_lse=return_lse, block_m=block_m,
-                     block_n=block_n, num_warps=num_warps, num_stages=num_stages, precision="tf32x3")
+    return attention(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                     out=out, return_lse=return_lse, block_m=block_m, block_n=block_n, num_warps=num_warps,
+                     num_stages=num_stages, precision="tf32x3")
 
 
 # What flashcheck verify should know about this kernel (docs/design.md: declarations): its scores stay in fp32,

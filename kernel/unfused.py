@@ -1,10 +1,12 @@
 """The three-kernel baseline the founding note (docs/design.md) fuses away: scores -> softmax -> weights x V.
 
   1. scores:  a 2-D grid of (BLOCK_M, BLOCK_N) tiles writes S = scale * Q K^T to an fp32 (Nq, Nk) buffer
-              per (batch, head) in HBM (causal-masked entries get -inf);
+              per (batch, query head) in HBM, softcapped and ALiBi-biased where asked (causal- and
+              window-masked entries get -inf; GQA: query head h reads kv head h // (Hq // Hkv));
   2. softmax: one program per row loads the whole row (one register tile of next_power_of_2(Nk) lanes),
               subtracts the max, exponentiates, normalises and writes the weights back in place;
-  3. PV:      a grid over query blocks loops over key chunks, acc += W_tile . V_tile in fp32, and stores.
+  3. PV:      a grid over query blocks loops over key chunks, acc += W_tile . V_tile in fp32 (V's own head
+              dim Dv), and stores.
 
 Cost: the O(Nq * Nk) buffer is written, read and rewritten, then read again: several passes over an
 N^2 tensor and three launches, where the fused kernel touches only Q, K, V and the output. The softmax
@@ -19,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashcheck.kernel._protocol import check_attention_inputs, interpreter_active
+from flashcheck.kernel._protocol import check_attention_inputs, check_features, interpreter_active
 
 MAX_ROW = 16384  # the softmax keeps a whole row of scores in one register tile
 MAX_GRID_AXIS = 65535   # CUDA's cap on grid axes 1 and 2, where the scores and P.V grids put B*H
@@ -30,26 +32,47 @@ def _scores(Q, K, S, scale,
             stride_qz, stride_qh, stride_qm, stride_qk,
             stride_kz, stride_kh, stride_kn, stride_kk,
             stride_sz, stride_sh, stride_sm, stride_sn,
-            H, Nq, Nk,
+            H, Nq, Nk, window_left, window_right, softcap, Alibi, stride_az, stride_ah,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-            IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+            IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+            KV_GROUP: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+            HAS_ALIBI: tl.constexpr):
+    """S[b, h] = the transformed scores of query head h against kv head h // KV_GROUP: scale Q K^T, then the
+    softcap, then the ALiBi bias, then -inf where a query does not see the key (causal, the window's sides)."""
     off_b = tl.program_id(2) // H
     off_h = tl.program_id(2) % H
+    off_hkv = off_h // KV_GROUP   # GQA/MQA: KV_GROUP consecutive query heads read one kv head
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     q_ptrs = Q + off_b.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh \
         + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
-    k_ptrs = K + off_b.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh \
+    k_ptrs = K + off_b.to(tl.int64) * stride_kz + off_hkv.to(tl.int64) * stride_kh \
         + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
     # Boolean masks combine with &: a + of booleans is an OR and reads out of bounds. guards: mutant
     # unfused_kv_mask_plus
     q = tl.load(q_ptrs, mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_DIM), other=0.0)
     k = tl.load(k_ptrs, mask=(offs_n[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM), other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale
+    if SOFTCAP:
+        # c tanh(s / c), before the masks and the bias; tanh from exp(-2 |x|), finite for every score
+        x = s * (1.0 / softcap)
+        e = tl.exp(-2.0 * tl.abs(x))
+        t = (1.0 - e) / (1.0 + e)
+        s = softcap * tl.where(x < 0, -t, t)
+    if HAS_ALIBI:
+        # -slope |i + Nk - Nq - j|: the distance from row i's diagonal key (bottom-right)
+        slope = tl.load(Alibi + off_b.to(tl.int64) * stride_az + off_h.to(tl.int64) * stride_ah)
+        s = s - slope * tl.abs(offs_m[:, None] + (Nk - Nq) - offs_n[None, :]).to(tl.float32)
     if IS_CAUSAL:
         # bottom-right: query i sees key j iff j <= i + Nk - Nq. guards: mutant unfused_causal_top_left
         s = tl.where(offs_n[None, :] <= offs_m[:, None] + (Nk - Nq), s, float("-inf"))
+    if WINDOW_RIGHT:
+        # a window's right side: j <= i + Nk - Nq + right
+        s = tl.where(offs_n[None, :] <= offs_m[:, None] + (Nk - Nq) + window_right, s, float("-inf"))
+    if WINDOW_LEFT:
+        # and its left side: j >= i + Nk - Nq - left
+        s = tl.where(offs_n[None, :] >= offs_m[:, None] + (Nk - Nq) - window_left, s, float("-inf"))
     s_ptrs = S + off_b.to(tl.int64) * stride_sz + off_h.to(tl.int64) * stride_sh \
         + offs_m[:, None] * stride_sm + offs_n[None, :] * stride_sn
     tl.store(s_ptrs, s, mask=(offs_m[:, None] < Nq) & (offs_n[None, :] < Nk))
@@ -82,14 +105,16 @@ def _weights_v(W, V, Out,
                stride_oz, stride_oh, stride_om, stride_ok,
                H, Nq, Nk,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-               INPUT_PRECISION: tl.constexpr):
+               INPUT_PRECISION: tl.constexpr, KV_GROUP: tl.constexpr):
+    """Out[b, h] = W[b, h] V[b, h // KV_GROUP]; BLOCK_D and HEAD_DIM are V's (and the output's) head dim Dv."""
     off_b = tl.program_id(1) // H
     off_h = tl.program_id(1) % H
+    off_hkv = off_h // KV_GROUP
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     w_base = W + off_b.to(tl.int64) * stride_wz + off_h.to(tl.int64) * stride_wh
-    v_base = V + off_b.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
+    v_base = V + off_b.to(tl.int64) * stride_vz + off_hkv.to(tl.int64) * stride_vh
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for start_n in range(0, Nk, BLOCK_N):
         cols = start_n + offs_n
@@ -109,10 +134,14 @@ def default_blocks(Nq, Nk, D, dtype):
     return (64, 64) if interpreter_active() else (32, 32)
 
 
-def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, block_m=None, block_n=None):
-    """Unfused attention, same protocol as flashcheck.kernel.fused.attention (see its docstring for shapes/dtypes).
-    Needs an fp32 (B, H, Nq, Nk) scratch buffer; Nk is capped at MAX_ROW."""
+def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None, out=None,
+              return_lse=False, block_m=None, block_n=None):
+    """Unfused attention, same protocol as flashcheck.kernel.fused.attention (see its docstring for shapes, dtypes
+    and the optional features: GQA/MQA, Dv != D, window, softcap, alibi_slopes).
+    Needs an fp32 (B, Hq, Nq, Nk) scratch buffer; Nk is capped at MAX_ROW."""
     B, H, Nq, Nk, D, scale = check_attention_inputs(q, k, v, causal, scale, out, block_m, block_n)
+    Hkv, Dv = k.shape[1], v.shape[3]
+    window_left, window_right, softcap, slopes = check_features(q, causal, window, softcap, alibi_slopes)
     if Nk > MAX_ROW:
         raise NotImplementedError(f"Nk = {Nk} exceeds the unfused softmax's one-tile row limit {MAX_ROW}; "
                          "use flashcheck.kernel.fused (online softmax) for long rows")
@@ -121,24 +150,33 @@ def attention(q, k, v, *, causal=False, scale=None, out=None, return_lse=False, 
         raise NotImplementedError(f"B*H = {B * H} exceeds the unfused baseline's grid limit of {MAX_GRID_AXIS}; "
                                   "use flashcheck.kernel.fused")
     if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        out = torch.empty((B, H, Nq, Dv), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
     if B * H * Nq == 0:
         return (out, lse) if return_lse else out
     bm, bn = default_blocks(Nq, Nk, D, q.dtype)
     bm, bn = block_m or bm, block_n or bn
     block_d = max(triton.next_power_of_2(D), 16)  # tl.dot needs >= 16 on the GPU; masks keep D exact
+    # causal is the window's right side 0 (check_features folded it in): the causal mask does it, once
+    is_causal = causal or window_right == 0
+    if is_causal:
+        window_right = None
+    slope_strides = (None, None) if slopes is None else slopes.stride()
     # the scores buffer is (Nq, Nk), every tile of it written: the grid's key axis rounds up.
     # guards: mutants unfused_scores_nq_by_nq, unfused_scores_unwritten
     s = torch.empty((B, H, Nq, Nk), dtype=torch.float32, device=q.device)
     _scores[(triton.cdiv(Nq, bm), triton.cdiv(Nk, bn), B * H)](
         q, k, s, scale, *q.stride(), *k.stride(), *s.stride(), H, Nq, Nk,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, HEAD_DIM=D, IS_CAUSAL=causal, INPUT_PRECISION="ieee")
+        window_left, window_right, softcap, slopes, *slope_strides,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, HEAD_DIM=D, IS_CAUSAL=is_causal, INPUT_PRECISION="ieee",
+        KV_GROUP=H // Hkv, WINDOW_LEFT=window_left is not None, WINDOW_RIGHT=window_right is not None,
+        SOFTCAP=softcap is not None, HAS_ALIBI=slopes is not None)
     rows = s.view(B * H * Nq, Nk)
     _softmax[(B * H * Nq,)](rows, lse, *rows.stride(), Nk, BLOCK=triton.next_power_of_2(Nk))
     _weights_v[(triton.cdiv(Nq, bm), B * H)](
         s, v, out, *s.stride(), *v.stride(), *out.stride(), H, Nq, Nk,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, HEAD_DIM=D, INPUT_PRECISION="ieee")
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=max(triton.next_power_of_2(Dv), 16), HEAD_DIM=Dv, INPUT_PRECISION="ieee",
+        KV_GROUP=H // Hkv)
     return (out, lse) if return_lse else out
 
 

@@ -266,15 +266,15 @@ _TMA = "issue 13: tensor-descriptor loads"
 _D_SPLIT = "issue 13: fp32 D = 128 in two halves of the head dim"
 # The loop function sees only Nk; the mutants that give one of Nk's roles to Nq first pass Nq in too.
 _PASS_NQ = (("start_m, lo, hi, Nk, causal_shift,", "start_m, lo, hi, Nk, Nq, causal_shift,"),
-            ("start_m, fast_lo, fast_hi, Nk, causal_shift,", "start_m, fast_lo, fast_hi, Nk, Nq, causal_shift,"),
-            ("start_m, masked_lo, masked_hi, Nk, causal_shift,",
-             "start_m, masked_lo, masked_hi, Nk, Nq, causal_shift,"),
-            ("start_m, fast_lo, fast_hi, masked_lo, masked_hi, Nk, causal_shift,",
-             "start_m, fast_lo, fast_hi, masked_lo, masked_hi, Nk, Nq, causal_shift,"),
-            ("masked_lo, masked_hi, Nk, causal_shift, BLOCK_M, BLOCK_N,",
-             "masked_lo, masked_hi, Nk, Nq, causal_shift, BLOCK_M, BLOCK_N,"),
-            ("start_m,\n" + " " * 54 + "fast_lo, fast_hi, masked_lo, masked_hi, Nk, causal_shift,\n",
-             "start_m,\n" + " " * 54 + "fast_lo, fast_hi, masked_lo, masked_hi, Nk, Nq, causal_shift,\n"))
+            ("start_m, lead_lo, lead_hi, Nk,", "start_m, lead_lo, lead_hi, Nk, Nq,"),
+            ("start_m, fast_lo, fast_hi, Nk,", "start_m, fast_lo, fast_hi, Nk, Nq,"),
+            ("start_m, masked_lo, masked_hi, Nk,", "start_m, masked_lo, masked_hi, Nk, Nq,"),
+            ("masked_lo, masked_hi, Nk,\n" + " " * 19 + "causal_shift,",
+             "masked_lo, masked_hi, Nk, Nq,\n" + " " * 19 + "causal_shift,"),
+            ("masked_lo, masked_hi, Nk,\n" + " " * 46 + "causal_shift,",
+             "masked_lo, masked_hi, Nk, Nq,\n" + " " * 46 + "causal_shift,"),
+            ("masked_lo, masked_hi, Nk, causal_shift, left_shift,",
+             "masked_lo, masked_hi, Nk, Nq, causal_shift, left_shift,"))
 
 MUTANTS = [
     # --- masks and sentinels -------------------------------------------------------------------------
@@ -305,7 +305,7 @@ MUTANTS = [
            _SEED_MASKS + " (using the K/V load mask on the scores)",
            ("partial_last_key_block", "cross_nq_gt_nk", "block_m_gt_block_n")),
     Mutant("no_score_mask", "fused",
-           '            qk = tl.where(valid, qk, float("-inf"))\n', "",
+           '                qk = tl.where(valid, qk, float("-inf"))\n', "",
            "no -inf on the scores of invalid keys: zero-padded keys score 0 and take softmax weight (and the "
            "causal mask is never applied)",
            _SEED_MASKS, ("partial_last_key_block", "nk_lt_block_n", "causal_square")),
@@ -508,12 +508,12 @@ MUTANTS = [
            "only the final division unguarded: a causal row that sees no key outputs 0/0 = NaN instead of 0",
            _SEED_CAUSAL, ("causal_nq_gt_nk", "causal_whole_blocks_masked")),
     Mutant("causal_top_left", "fused",
-           "<= offs_m[:, None] + causal_shift)", "<= offs_m[:, None])",
+           "<= offs_m[:, None] + right_shift)", "<= offs_m[:, None])",
            "causal mask aligned top-left (j <= i) instead of bottom-right (j <= i + Nk - Nq)",
            _CAUSAL_ALIGN, ("causal_nq_lt_nk", "causal_nq_gt_nk")),
     Mutant("causal_hi_block_n", "fused",
-           "hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_shift, 0), Nk)",
-           "hi = tl.minimum(tl.maximum(start_m + BLOCK_N + causal_shift, 0), Nk)",
+           "hi = tl.minimum(tl.maximum(start_m + BLOCK_M + right_shift, 0), Nk)",
+           "hi = tl.minimum(tl.maximum(start_m + BLOCK_N + right_shift, 0), Nk)",
            "the causal loop bound counts BLOCK_N rows instead of BLOCK_M: with BLOCK_M > BLOCK_N the last rows "
            "of a query block never see their last keys",
            _OTHER + " (BLOCK_M and BLOCK_N confused in causal block skipping)",
@@ -524,7 +524,8 @@ MUTANTS = [
            _CAUSAL_ALIGN, ("causal_nq_lt_nk", "causal_nq_gt_nk")),
     # --- the store ---------------------------------------------------------------------------------
     Mutant("store_no_row_mask", "fused",
-           "o_mask = (offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_DIM)", "o_mask = offs_d[None, :] < HEAD_DIM",
+           "o_mask = (offs_m[:, None] < Nq) & (offs_dv[None, :] < HEAD_DIM_V)",
+           "o_mask = offs_dv[None, :] < HEAD_DIM_V",
            "store without the row mask: the partial last query block writes past the output",
            _SEED_DECOMP + " (row mask on the store)", ("partial_last_query_block", "nq_lt_block_m")),
     Mutant("store_row_mask_off_by_one", "fused",
@@ -544,10 +545,10 @@ MUTANTS = [
            _OTHER + " (int32 offset overflow)", ("offsets_over_2_31",),
            gpu_only="the overflow needs tensors of more than 2^31 elements, beyond the interpreter's memory "
                     "and time",
-           edits=(("k_base = K + off_b.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh",
-                   "k_base = K + off_b * stride_kz + off_h * stride_kh"),
-                  ("v_base = V + off_b.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh",
-                   "v_base = V + off_b * stride_vz + off_h * stride_vh"),
+           edits=(("k_base = K + off_b.to(tl.int64) * stride_kz + off_hkv.to(tl.int64) * stride_kh",
+                   "k_base = K + off_b * stride_kz + off_hkv * stride_kh"),
+                  ("v_base = V + off_b.to(tl.int64) * stride_vz + off_hkv.to(tl.int64) * stride_vh",
+                   "v_base = V + off_b * stride_vz + off_hkv * stride_vh"),
                   ("o_base = Out + off_b.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh",
                    "o_base = Out + off_b * stride_oz + off_h * stride_oh"))),
     Mutant("batch_head_swapped", "fused",
@@ -635,17 +636,19 @@ MUTANTS = [
            "16 bytes (D + 3 elements) makes the descriptor fail on legal input instead of taking the pointer path",
            _TMA + " (TMA needs 16-byte strides)", ("half_unaligned_rows",)),
     Mutant("tma_desc_rows_nq", "fused",
-           "TensorDescriptor(t, [B, H, Nk, D]", "TensorDescriptor(t, [B, H, Nq, D]",
+           "TensorDescriptor(k, [B, Hkv, Nk, D]", "TensorDescriptor(k, [B, Hkv, Nq, D]",
            "the K/V descriptors declare Nq rows: with Nq < Nk the keys past Nq load as 0 (and score 0, not -inf); "
            "with Nq > Nk rows past Nk are read from the next head or the guard band",
-           _TMA + " (one length for both)", ("half_descriptor_layout", "half_descriptor_nq_gt_nk")),
+           _TMA + " (one length for both)", ("half_descriptor_layout", "half_descriptor_nq_gt_nk"),
+           edits=(("TensorDescriptor(v, [B, Hkv, Nk, Dv]", "TensorDescriptor(v, [B, Hkv, Nq, Dv]"),)),
     Mutant("tma_desc_padded_head_dim", "fused",
-           "TensorDescriptor(t, [B, H, Nk, D]", "TensorDescriptor(t, [B, H, Nk, head_dim_block(D)]",
+           "TensorDescriptor(k, [B, Hkv, Nk, D]", "TensorDescriptor(k, [B, Hkv, Nk, head_dim_block(D)]",
            "the K/V descriptors declare the padded head dim: the padded columns are read from the next row (and "
            "past the last row, from memory the tensor does not own) instead of as 0",
-           _TMA + " (the padded head dim)", ("half_descriptor_layout",)),
+           _TMA + " (the padded head dim)", ("half_descriptor_layout",),
+           edits=(("TensorDescriptor(v, [B, Hkv, Nk, Dv]", "TensorDescriptor(v, [B, Hkv, Nk, head_dim_block(Dv)]"),)),
     Mutant("tma_coords_batch_head_swapped", "fused",
-           "x = desc.load([off_b, off_h, start_n, COL])", "x = desc.load([off_h, off_b, start_n, COL])",
+           "x = desc.load([off_b, off_hkv, start_n, COL])", "x = desc.load([off_hkv, off_b, start_n, COL])",
            "batch and head coordinates swapped in the K/V descriptor loads: another head's keys are read, or "
            "zeros past B",
            _TMA + " (coordinates)", ("half_descriptor_layout",)),
@@ -678,7 +681,7 @@ MUTANTS = [
            _SEED_UNFUSED + " (uninitialized buffer)", ("partial_last_key_block", "nk_lt_block_n", "batch_heads_d64[fp16]"),
            edits=(("s = torch.empty((B, H, Nq, Nk)", "s = torch.zeros((B, H, Nq, Nk)"),)),
     Mutant("unfused_causal_top_left", "unfused",
-           "offs_n[None, :] <= offs_m[:, None] + (Nk - Nq)", "offs_n[None, :] <= offs_m[:, None]",
+           "offs_n[None, :] <= offs_m[:, None] + (Nk - Nq), s,", "offs_n[None, :] <= offs_m[:, None], s,",
            "unfused causal mask aligned top-left instead of bottom-right",
            _CAUSAL_ALIGN, ("causal_nq_lt_nk", "causal_nq_gt_nk")),
 ]

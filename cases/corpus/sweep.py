@@ -52,8 +52,9 @@ _Q_FILL = ("Q's masked lanes are rows past Nq, whose output the store masks off,
            "columns, which meet K's zero fill in the dot: any finite fill gives the same output")
 _NO_KEY_SHIFT = ("the shift only applies to rows that have seen no key yet (m_new = -inf, every score -inf): "
                  "exp2(-inf - x) = 0 for any finite x, so p = 0 and c = 0 whatever the shift")
-_FULL_HI_LOWER = ("full_hi only decides which key blocks may skip the masks; a lower bound sends more blocks "
-                  "through the masked path, which is exact for every block (slower, same results)")
+_FULL_HI_LOWER = ("full_hi only decides which key blocks may skip the masks (and caps full_lo, where a window's "
+                  "left-edge blocks end); a lower bound sends more blocks through the masked paths, which are exact "
+                  "for every block, and the three ranges still cover the program's keys (slower, same results)")
 _TRUNC = ("Triton's integer // truncates toward zero, so a bound of -1 (or 1) instead of 0 still gives "
           "0 // BLOCK_N * BLOCK_N = 0 for every BLOCK_N > 1: the same loop bounds")
 _EXTRA_BLOCK = ("a program none of whose rows sees any key visits one fully masked block: its scores are "
@@ -81,20 +82,20 @@ EQUIVALENT = {
         "not visible in any result: Q's row Nq is read (one row past Q) but only feeds output row Nq, which "
         "the store masks off. It is still a stray read that can fault at the end of an allocation: only a "
         "memory checker sees it (flashcheck sanitize, compute-sanitizer on the GPU)",
-    "minimum -> maximum | hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_shift, 0), Nk) | #1":
-        "hi only bounds the causal key loop: past Nk every block is fully masked (K/V load 0, scores -inf, "
-        "p = 0) and adds nothing (wasted work only)",
-    "const 0 -> -1 | hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_shift, 0), Nk) | #1":
+    "minimum -> maximum | hi = tl.minimum(tl.maximum(start_m + BLOCK_M + right_shift, 0), Nk) | #1":
+        "hi only bounds the causal (or windowed) key loop: past Nk every block is fully masked (K/V load 0, "
+        "scores -inf, p = 0) and adds nothing (wasted work only)",
+    "const 0 -> -1 | hi = tl.minimum(tl.maximum(start_m + BLOCK_M + right_shift, 0), Nk) | #1":
         "only programs none of whose rows sees a key reach the floor: hi = -1 and hi = 0 both leave the loop "
         "empty (full_hi = 0)",
-    "const 0 -> 1 | hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_shift, 0), Nk) | #1": _EXTRA_BLOCK,
-    "'+' -> '-' | full_hi = tl.minimum(tl.maximum(start_m + causal_shift + 1, 0), hi) // BLOCK_N * BLOCK_N "
+    "const 0 -> 1 | hi = tl.minimum(tl.maximum(start_m + BLOCK_M + right_shift, 0), Nk) | #1": _EXTRA_BLOCK,
+    "'+' -> '-' | full_hi = tl.minimum(tl.maximum(start_m + right_shift + 1, 0), hi) // BLOCK_N * BLOCK_N "
     "| #2": _FULL_HI_LOWER,
-    "const 1 -> 0 | full_hi = tl.minimum(tl.maximum(start_m + causal_shift + 1, 0), hi) // BLOCK_N * BLOCK_N "
+    "const 1 -> 0 | full_hi = tl.minimum(tl.maximum(start_m + right_shift + 1, 0), hi) // BLOCK_N * BLOCK_N "
     "| #1": _FULL_HI_LOWER,
-    "const 0 -> -1 | full_hi = tl.minimum(tl.maximum(start_m + causal_shift + 1, 0), hi) // BLOCK_N * BLOCK_N "
+    "const 0 -> -1 | full_hi = tl.minimum(tl.maximum(start_m + right_shift + 1, 0), hi) // BLOCK_N * BLOCK_N "
     "| #1": _TRUNC,
-    "const 0 -> 1 | full_hi = tl.minimum(tl.maximum(start_m + causal_shift + 1, 0), hi) // BLOCK_N * BLOCK_N "
+    "const 0 -> 1 | full_hi = tl.minimum(tl.maximum(start_m + right_shift + 1, 0), hi) // BLOCK_N * BLOCK_N "
     "| #1": _TRUNC,
     "const 1.0 -> 2.0 | l_safe = tl.where(l_i == 0.0, 1.0, l_i) | #1":
         "l = 0 only in rows that saw no key, whose accumulator is 0: 0 / 2 = 0 / 1 = 0, and the lse takes "
