@@ -25,8 +25,8 @@ from triton.compiler import ASTSource  # noqa: E402
 from flashcheck.cases.bench import config_text  # noqa: E402
 import torch  # noqa: E402
 
-from flashcheck.kernel.fused import (_attn_fwd, fp64_dots_measured, fused_then_exact, head_dim_split,  # noqa: E402
-                                     launch_block_d)
+from flashcheck.kernel.fused import (_attn_fwd, features_off, fp64_dots_measured, fused_then_exact,  # noqa: E402
+                                     head_dim_split, launch_block_d)
 
 POINTER = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16"}
 TORCH_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -56,6 +56,7 @@ def compile_kernel(dtype, D, config, causal, arch):
                      INPUT_PRECISION="fp64" if fp64 else "ieee", SPLIT=False,
                      USE_TMA=False, D_SPLIT=head_dim_split(D, torch_dtype), Q_IN_LOOP=False, MUL_RN=True,
                      TWO_PASS=fused_then_exact(torch_dtype, "ieee"), DescK=None, DescV=None)
+    constants.update(features_off(D, torch_dtype))        # the protocol-v3 features, all off
     signature = {}
     for name in names:
         if name in constants:

@@ -17,7 +17,9 @@ def _qkv(device, nq=4, nk=5, d=8, dtype=torch.float32, b=1, h=2):
 
 @pytest.mark.parametrize("mutate, error, words", [
     (lambda q, k, v: (q, k[..., :4], v[..., :4]), ValueError, "head dim"),
-    (lambda q, k, v: (q, k[:, :1], v[:, :1]), ValueError, "batch/heads"),
+    # Hkv = 1 (MQA) and Hkv = 2 of 2 are legal; 3 query heads cannot share 2 kv heads
+    (lambda q, k, v: (torch.cat([q, q[:, :1]], 1), k, v), ValueError, "batch/heads"),
+    (lambda q, k, v: (torch.cat([q, q]), k, v), ValueError, "batch/heads"),
     (lambda q, k, v: (q, k, v[:, :, :3]), ValueError, "same shape"),
     (lambda q, k, v: (q, k[:, :, :0], v[:, :, :0]), ValueError, "Nk = 0"),
     (lambda q, k, v: (q, k.half(), v.half()), TypeError, "one dtype"),
