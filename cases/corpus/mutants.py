@@ -32,7 +32,7 @@ from flashcheck.cases import catalogue
 from flashcheck.cases.backend import backend
 from flashcheck.cases.declarations import Declarations
 from flashcheck.cases.oracle import Failure, Kind, Verdict
-from flashcheck.cases.runner.target import Loaded, TargetError, import_file_as
+from flashcheck.cases.runner.target import MUTANT_PREFIX, Loaded, TargetError, import_file_as
 from flashcheck.cases.runner.worker import Died, Hung, Raised, Worker
 from flashcheck.cases.verify.judging import Settings, judge_case
 
@@ -141,7 +141,7 @@ def spec(mutant):
     """What the runner loads for a mutant (cases/runner/target.py Loaded): its name for one of the corpus, the
     Mutant itself for a generated one (the sweep's)."""
     if BY_NAME.get(mutant.name) == mutant:
-        return Loaded("flashcheck.cases.corpus.mutants:kernel_named", mutant.name, f"mutant {mutant.name}")
+        return f"{MUTANT_PREFIX}{mutant.name}"
     return Loaded("flashcheck.cases.corpus.mutants:kernel", mutant, f"mutant {mutant.name}")
 
 

@@ -28,7 +28,7 @@ import torch
 from flashcheck.cases import catalogue, inputs
 from flashcheck.cases.backend import backend
 from flashcheck.cases.errors import UsageError
-from flashcheck.cases.runner.target import load_target
+from flashcheck.cases.runner.target import MUTANT_PREFIX, load_target
 from flashcheck.cases.runner.worker import Worker
 
 
@@ -43,21 +43,13 @@ def add_arguments(parser):
     parser.add_argument("--inner", help=argparse.SUPPRESS)
 
 
-MUTANT = "mutant:"     # --inner mutant:NAME, a mutant of the bug corpus
-
-
 def _cases(max_elements):
     return [c for c in catalogue.instances() if c.B * c.H * max(c.Nq, c.Nk) * c.D <= max_elements]
 
 
 def _inner(spec, max_elements):
     """Runs inside compute-sanitizer: every case once on plain, exact-size tensors."""
-    if spec.startswith(MUTANT):
-        from flashcheck.cases.corpus import mutants  # lazy: the corpus sits above the runner (cases/corpus/)
-
-        attention = mutants.kernel_named(spec[len(MUTANT):])
-    else:
-        attention = load_target(spec)
+    attention = load_target(spec)
     for case in _cases(max_elements):
         q, k, v = (t.cuda().contiguous() for t in inputs.values(case))
         kwargs = {"causal": case.causal}
@@ -90,7 +82,7 @@ def run(args):
         return 2
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     specs = [(t, False) for t in (args.target or ["flashcheck.kernel.fused:attention"])]
-    specs += [(f"{MUTANT}{m}", True) for m in args.mutant]
+    specs += [(f"{MUTANT_PREFIX}{m}", True) for m in args.mutant]
     ok = True
     for spec, must_flag in specs:
         t0 = time.perf_counter()

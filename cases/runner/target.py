@@ -38,6 +38,8 @@ class TargetError(Exception):
 def split_target(spec):
     """("module or absolute .py path", "attribute.path") of a target, checked as far as possible without
     importing anything. Raises TargetError."""
+    if spec.startswith(MUTANT_PREFIX):
+        return MUTANT_PREFIX.rstrip(":"), spec[len(MUTANT_PREFIX):]
     module, sep, attr = spec.rpartition(":")
     if not sep or not module or not attr:
         raise TargetError(f"target {spec!r} is not MODULE:FUNCTION (e.g. flashcheck.kernel.fused:attention or "
@@ -68,10 +70,18 @@ class Loaded:
         return self.name
 
 
+MUTANT_PREFIX = "mutant:"
+# "mutant:NAME" names a mutant of the bug corpus (flashcheck verify mutant:kv_mask_plus): the corpus's own loader
+# makes it, by name, so that this module never imports the corpus (which sits above the runner)
+MUTANT_LOADER = "flashcheck.cases.corpus.mutants:kernel_named"
+
+
 def load_target(spec):
     """Import the target's module and return the callable. Raises TargetError with a readable reason.
 
-    spec: "MODULE:FUNCTION", "path/to/file.py:FUNCTION", or a Loaded (a mutant of the bug corpus)."""
+    spec: "MODULE:FUNCTION", "path/to/file.py:FUNCTION", "mutant:NAME" (a mutant of the bug corpus), or a Loaded."""
+    if isinstance(spec, str) and spec.startswith(MUTANT_PREFIX):
+        spec = Loaded(MUTANT_LOADER, spec[len(MUTANT_PREFIX):], f"mutant {spec[len(MUTANT_PREFIX):]}")
     if isinstance(spec, Loaded):
         return _load_made(spec)
     module_ref, attr = split_target(spec)
