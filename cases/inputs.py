@@ -154,13 +154,13 @@ def values(case, device="cpu"):
             # the large-accumulator regime: the keys score alike (within about +-1: q small but for its first
             # column, so a key's score follows its first column) and the values sit far from 0, so the unnormalised
             # sums reach l ~ 0.4 Nk and acc ~ 0.4 Nk c (past fp16's 65504 from the default c on) while the output
-            # stays about c. V's first column follows the keys' first, so the softmax moves the output there
-            # (a uniform average would not pass: the case discriminates)
+            # stays about c. V's first column follows the keys' first, by a quarter of c, so the softmax moves the
+            # output there far past its rounding (a uniform average would not pass: the case discriminates)
             c = case.magnitude or min(max(2.0 ** 18 / max(Nk, 1), 4.0), 2048.0)
             q = q * 0.1
             q[..., 0] = D ** 0.5 / 4
             v = v + c
-            v[..., 0] = c + 4 * k[..., 0]
+            v[..., 0] = c * (1 + k[..., 0] / 4)
         elif case.data == "equal_scores":
             k = k[:, :, :1, :].expand(B, H, Nk, D).clone()   # one key repeated: every score of a row equal
         elif case.data == "nan_input":

@@ -75,7 +75,7 @@ FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")
 PROGRESS = re.compile(r"^\[\d+/\d+\] .* \(\d+ s, \d+ failed so far\)$")
 TIMING = re.compile(r"(?<![\w.])\d+(?:\.\d+)? ?(s|ms)\b")
 VERSIONS = re.compile(r"\btorch \S+, triton [^\s:,;)]+")
-CACHE = re.compile(r"compile cache: .*")   # where the compile cache is, and how full: this machine's own
+CACHE = re.compile(r"compile cache [^;]*")   # where the compile cache is, and how full: this machine's own
 
 
 class MarkerError(Exception):
@@ -348,7 +348,7 @@ def normalise(lines, strict=False):
     out = []
     for ln in lines:
         ln = TIMING.sub(lambda m: "<T> " + m.group(1), ln.rstrip())
-        ln = CACHE.sub("compile cache: <C>", ln)
+        ln = CACHE.sub("compile cache <C>", ln)
         if not strict:
             ln = VERSIONS.sub("torch <V>, triton <V>", ln)
         out.append(ln)

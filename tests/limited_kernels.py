@@ -112,14 +112,14 @@ def fp16_accumulator(q, k, v, *, causal=False, scale=None, block_n=64):
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
-    m = torch.full((B, H, Nq, 1), float("-inf"))
-    l = torch.zeros((B, H, Nq, 1))
-    acc = torch.zeros((B, H, Nq, D), dtype=torch.float16)
-    rows = torch.arange(Nq)[:, None]
+    m = torch.full((B, H, Nq, 1), float("-inf"), device=q.device)
+    l = torch.zeros((B, H, Nq, 1), device=q.device)
+    acc = torch.zeros((B, H, Nq, D), dtype=torch.float16, device=q.device)
+    rows = torch.arange(Nq, device=q.device)[:, None]
     for start in range(0, Nk, block_n):
         s = (q.float() @ k[:, :, start:start + block_n].float().transpose(-1, -2)) * scale
         if causal:
-            cols = torch.arange(start, start + s.shape[-1])[None, :]
+            cols = torch.arange(start, start + s.shape[-1], device=q.device)[None, :]
             s = s.masked_fill(cols > rows + Nk - Nq, float("-inf"))
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)

@@ -54,7 +54,8 @@ def test_tf32x3_passes_every_fp32_catalogue_case():
     """The whole fp32 catalogue and its properties, judged by verify on attention_tf32x3."""
     from tests.test_verify import explain, verify
 
-    proc = verify("flashcheck.kernel.fused:attention_tf32x3", "--dtypes", "fp32", "-q")
+    # four workers: a verify of one Triton kernel's whole catalogue is compile-bound (one worker: 190 s on an H200)
+    proc = verify("flashcheck.kernel.fused:attention_tf32x3", "--dtypes", "fp32", "-q", "--jobs", "4")
     assert proc.returncode == 0 and " 0 failed" in proc.stdout, explain(proc)
 
 
@@ -63,7 +64,7 @@ def test_ieee_fma_path_passes_every_fp32_catalogue_case():
     wherever the GPU suite runs."""
     from tests.test_verify import explain, verify
 
-    proc = verify("tests.fused_paths:attention_ieee_fma", "--dtypes", "fp32", "-q")
+    proc = verify("tests.fused_paths:attention_ieee_fma", "--dtypes", "fp32", "-q", "--jobs", "4")
     assert proc.returncode == 0 and " 0 failed" in proc.stdout, explain(proc)
 
 

@@ -35,12 +35,14 @@ EXAMPLES = {"dev": 60, "ci": 150, "thorough": 600}
 #   --fp32-scores          fp32 as above; fp16: 29 (28), 12 (12), 36 (36); bf16: 23 (22), 18 (13), 41 (41)
 # The tolerance is a bound, usually a few times the error a correct kernel makes, so a near miss 8x beyond the
 # correct ones can still fall inside it on a few cases (bf16 under --fp32-scores: the temperature, 13 of 18).
-APPLICABLE = {"last_key_dropped": {"fp32": 0.35, "fp16": 0.3, "bf16": 0.12},
+APPLICABLE = {"last_key_dropped": {"fp32": 0.35, "fp16": 0.3, "bf16": 0.05},
               "natural_log_temperature": {"fp32": 0.1, "fp16": 0.08, "bf16": 0.02},
               "softmax_over_queries": {"fp32": 0.4, "fp16": 0.4, "bf16": 0.3}}
-# on a GPU the cases are longer (up to 256 keys, and draws of 16k): one key or the temperature matters on fewer
-APPLICABLE_GPU = {"last_key_dropped": {"fp32": 0.15, "fp16": 0.12, "bf16": 0.05},
-                  "natural_log_temperature": {"fp32": 0.05, "fp16": 0.03, "bf16": 0.01},
+# on a GPU the cases are longer (up to 256 keys, and draws of 16k): one key or the temperature matters on fewer.
+# Measured on an H200 (dev, 60 cases, default tolerance): last key fp32 29, fp16 9, bf16 4; temperature 19, 3, 0
+# (bf16's rounding there is as large as the temperature's error: no floor); wrong axis 35, 22, 16
+APPLICABLE_GPU = {"last_key_dropped": {"fp32": 0.15, "fp16": 0.1, "bf16": 0.04},
+                  "natural_log_temperature": {"fp32": 0.1, "fp16": 0.03, "bf16": 0.0},
                   "softmax_over_queries": {"fp32": 0.2, "fp16": 0.2, "bf16": 0.15}}
 CAUGHT = 0.65
 # The share of cases too wide to judge (inconclusive), at most, per tolerance and dtype. Measured on the CPU (dev 60

@@ -3,6 +3,7 @@ the two examples, one named failure per way a kernel can misbehave, the JSON and
 skipped by declaration listed as skipped with their reason."""
 import fcntl
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -82,7 +83,10 @@ def test_fused_kernel_passes_a_selection(backend):
     assert proc.returncode == 0, explain(proc)
     counts = "12 passed, 0 failed, 0 skipped" if backend == "gpu" else "8 passed, 0 failed, 4 skipped \\(4 GPU only\\)"
     assert re.fullmatch(rf"verify flashcheck\.kernel\.fused:attention on .*: {counts}, 0 reduced; 4 of 4 catalogue "
-                        r"entries judged in [\d.]+ s", proc.stdout.strip()), "--quiet: only the summary line\n" + explain(proc)
+                        r"entries judged in [\d.]+ s(; compile cache .*)?", proc.stdout.strip()), \
+        "--quiet: only the summary line\n" + explain(proc)
+    # on the GPU the summary says where the workers' compile cache is (the interpreter compiles nothing)
+    assert ("; compile cache " in proc.stdout) == (backend == "gpu"), explain(proc)
 
 
 @pytest.fixture(scope="module")
@@ -336,3 +340,16 @@ def test_two_shards_merged_give_the_verdicts_of_one_run(buggy, tmp_path):
     missing = subprocess.run([sys.executable, "-m", "flashcheck", "merge", str(tmp_path / "s1.json")], cwd=ROOT,
                              capture_output=True, text=True, timeout=300)
     assert missing.returncode == 2 and "missing 2" in missing.stderr, missing.stderr
+
+
+def test_a_usage_error_with_a_full_compile_cache_exits_2(tmp_path):
+    """The compile cache's line is added when the run ends; a run that never began (a module that does not import)
+    must still end as the usage error it is (the line once tried to reach a run that did not exist: exit 1)."""
+    (tmp_path / "triton" / "a_compiled_kernel").mkdir(parents=True)
+    env = dict(os.environ, FLASHCHECK_CACHE_DIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "flashcheck", "verify", "no_such_module_xyz:attention"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2 and "cannot import no_such_module_xyz" in proc.stderr, explain(proc)
+    ok = subprocess.run([sys.executable, "-m", "flashcheck", "verify", SDPA, "--only", "one_key", "-q"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300, env=env)
+    assert ok.returncode == 0 and f"compile cache {tmp_path / 'triton'} (0 new, 1 before)" in ok.stdout, explain(ok)

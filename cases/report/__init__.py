@@ -58,6 +58,7 @@ class Run:
     stopped: str = ""            # why the run ended early (--max-failures, interrupted), or ""
     entries: tuple = (0, 0)      # (catalogue entries with a case judged, catalogue entries selected)
     shard: tuple = None          # (I, N): this run is the I-th of N shards (verify --shard)
+    cache: str = ""              # where the workers' compile cache was, and what this run added to it
 
     def count(self, status):
         return sum(r.status == status for r in self.results)
@@ -200,8 +201,9 @@ def summary(run):
     applies = f"; {judged} of {total} catalogue entries judged" if total else ""
     stopped = f"; stopped early: {run.stopped}" if run.stopped else ""
     which = f" (shard {run.shard[0]}/{run.shard[1]})" if run.shard else ""
+    cache = f"; {run.cache}" if run.cache else ""
     return (f"verify {run.target}{which} on {run.describe}: {', '.join(parts)}, {len(run.reduced)} reduced"
-            f"{applies} in {run.seconds:.1f} s{stopped}")
+            f"{applies} in {run.seconds:.1f} s{cache}{stopped}")
 
 
 def text(run, quiet=False):

@@ -58,12 +58,10 @@ class Cache:
             return 0
 
     def line(self):
-        """What the report says about the cache."""
+        """What the summary line says about the cache."""
         if self.temporary:
-            return f"compile cache: none kept (--no-cache: {self.kernels()} kernel(s) compiled into a temporary directory)"
-        now = self.kernels()
-        return (f"compile cache: {self.triton_dir or self.root}: {now - self.before} kernel(s) compiled by this run, "
-                f"{self.before} there before (--no-cache for a cold run)")
+            return f"compile cache none (--no-cache: {self.kernels()} kernel(s) compiled)"
+        return f"compile cache {self.triton_dir or self.root} ({self.kernels() - self.before} new, {self.before} before)"
 
     def close(self):
         if self.temporary:

@@ -115,13 +115,13 @@ def find_tool(name="compute-sanitizer"):
     return None
 
 
-def worker(timeout, compile_timeout=None):
+def worker(timeout, compile_timeout=None, env=None):
     """A runner Worker whose processes run under compute-sanitizer memcheck (verify --sanitize)."""
     tool = find_tool()
     if tool is None:
         raise UsageError("--sanitize needs compute-sanitizer (it ships with the CUDA toolkit); none on PATH, in "
                          "$CUDA_HOME/bin or /usr/local/cuda/bin")
-    return SanitizedWorker(timeout, tool, compile_timeout)
+    return SanitizedWorker(timeout, tool, compile_timeout, env)
 
 
 _ERROR_START = re.compile(r"^========= (Invalid|Program hit|Out-of-range|Misaligned|Cuda API error|Error)")
@@ -142,12 +142,12 @@ class SanitizedWorker(Worker):
     caching allocator off so that every tensor is an allocation of its own. memcheck() returns the first error
     logged since the last call: the case just judged."""
 
-    def __init__(self, timeout, tool, compile_timeout=None):
+    def __init__(self, timeout, tool, compile_timeout=None, env=None):
         self.logdir = tempfile.mkdtemp(prefix="flashcheck-memcheck-")
         self.offsets = {}
         # memcheck slows a kernel down by one or two orders of magnitude
         super().__init__(timeout * 10, compile_timeout=compile_timeout and compile_timeout * 10,
-                         env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, wrap=[
+                         env={**(env or {}), "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, wrap=[
             tool, "--tool", "memcheck", "--target-processes", "all", "--print-limit", "5",
             "--log-file", os.path.join(self.logdir, "memcheck.%p.log")])
 

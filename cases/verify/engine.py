@@ -470,9 +470,9 @@ def run(req, on_result=None):
         for r in runners:
             # after an interrupt, jobs may still run on the other runners: those are killed, not asked to stop
             (getattr(r, "kill", r.close) if interrupted and len(runners) > 1 else r.close)()
-        if isolated and (backend == "gpu" or cache.kernels()):     # the interpreter compiles nothing
-            the_run.notes.append(cache.line())
-        cache.close()
+        cache_line = cache.line() if isolated and (backend == "gpu" or cache.kernels()) else ""   # (the interpreter
+        cache.close()                                                                            # compiles nothing)
+    the_run.cache = cache_line
     the_run.seconds = time.perf_counter() - t0
     files.finish(the_run, partial=bool(the_run.stopped == "interrupted"))
     return the_run
