@@ -52,6 +52,12 @@ class Case:
     #                              data="large_sums": the values' mean (default 2^18 / Nk, within 4..2048)
     point: tuple = ()            # what must stay true for the case to test its bug (cases/projection.py POINTS):
     #                              verify projects an entry onto a kernel's declarations only where it does
+    # protocol v3's optional features (cases/features.py); the defaults are the dense protocol without them
+    Hkv: int = None              # kv heads (GQA/MQA: H is a multiple of it); None: H
+    Dv: int = None               # v's and the output's head dim; None: D
+    window: tuple = None         # (left, right), each None (unbounded) or an int >= 0, bottom-right aligned
+    softcap: float = None        # c > 0: scores become c tanh(s / c)
+    alibi: str = None            # ALiBi slopes: "heads" ((H,): the geometric slopes) or "batch_heads" ((B, H))
 
     def __post_init__(self):
         if self.dtype not in DTYPES and self.dtype not in EXPANSIONS:
@@ -68,6 +74,25 @@ class Case:
                              "'large_sums'")
         if self.data == "explicit" and (self.q is None or self.k is None or self.v is None):
             raise ValueError(f"case {self.name}: data='explicit' needs q, k and v")
+        if self.Hkv is not None and (self.Hkv < 1 or self.H % self.Hkv):
+            raise ValueError(f"case {self.name}: H = {self.H} is not a multiple of Hkv = {self.Hkv}")
+        if self.Dv is not None and self.Dv < 1:
+            raise ValueError(f"case {self.name}: Dv must be >= 1")
+        if self.window is not None and (len(self.window) != 2 or any(
+                x is not None and (not isinstance(x, int) or x < 0) for x in self.window)):
+            raise ValueError(f"case {self.name}: window must be (left, right), each None or an int >= 0")
+        if self.softcap is not None and not self.softcap > 0:
+            raise ValueError(f"case {self.name}: softcap must be > 0")
+        if self.alibi not in (None, "heads", "batch_heads"):
+            raise ValueError(f"case {self.name}: alibi must be None, 'heads' or 'batch_heads'")
+
+    @property
+    def kv_heads(self):
+        return self.H if self.Hkv is None else self.Hkv
+
+    @property
+    def v_dim(self):
+        return self.D if self.Dv is None else self.Dv
 
     @property
     def torch_dtype(self):

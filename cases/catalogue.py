@@ -218,6 +218,90 @@ CATALOGUE = [
              "depth the kernel's default tile was tuned with (on an H200 the fused kernel's 4-stage decode "
              "default asked 273 KB of shared memory at 64 x 128; found by a generated case)",
          H=2, Nq=1, Nk=300, D=128, dtype="half", block_m=64, seed=71),
+    # ---- protocol v3's optional features (cases/features.py): each case runs where the kernel has the feature ----
+    Case("gqa_groups_of_three", point=("nq_lt_nk",),
+         why="GQA, 6 query heads on 2 kv heads (groups of 3), B = 2 != H: a head map right only for some group sizes "
+             "(h % Hkv for h // (H // Hkv), or the group counted as Hkv // H) reads the wrong kv head",
+         B=2, H=6, Hkv=2, Nq=19, Nk=37, D=16, seed=80),
+    Case("gqa_groups_of_four_causal", point=("sees_no_key",),
+         why="GQA, 8 query heads on 2 kv heads, causal with Nq > Nk (the first rows see no key), B = 3: the kv head "
+             "map composed with the batch and the causal mask",
+         B=3, H=8, Hkv=2, Nq=40, Nk=29, D=32, causal=True, seed=81),
+    Case("mqa_decode", point=("few_queries", "many_key_blocks"),
+         why="MQA (one kv head for 4 query heads), decode: 3 queries against 300 keys (a split-KV kernel splits "
+             "them): every query head must read the one kv head, in every split",
+         B=2, H=4, Hkv=1, Nq=3, Nk=300, D=64, seed=82),
+    Case("dv_smaller", point=("partial_key_block",),
+         why="a value head dim of its own, Dv = 16 < D = 64: V, the accumulator and the output sized or masked with D "
+             "read past V's rows and write past the output's",
+         H=2, Nq=20, Nk=45, D=64, Dv=16, seed=83),
+    Case("dv_larger_odd_causal", point=("causal",),
+         why="Dv = 40 > D = 16, not a power of two, causal: V's padded columns masked with D's mask drop columns 16..39",
+         B=2, H=3, Nq=37, Nk=23, D=16, Dv=40, causal=True, seed=84),
+    Case("dv_half_descriptor", point=("batch_heads",),
+         why="fp16/bf16 with 16-byte rows, D = 16 < Dv = 32: a V tensor descriptor (TMA) shaped or boxed by D "
+             "zero-fills V's columns 16..31",
+         B=2, H=3, Nq=20, Nk=53, D=16, Dv=32, dtype="half", seed=85),
+    Case("dv_split_decode", point=("lengths",),
+         why="decode (16 queries, 769 keys) with Dv = 48 != D = 32: the split-KV partial outputs and their combine "
+             "strided by D",
+         H=2, Nq=16, Nk=769, D=32, Dv=48, seed=86),
+    Case("window_hand_4x4", point=("lengths",),
+         why="window (1, 0) on 4 queries and 4 keys that all score alike: row i sees keys i - 1 and i, so the output "
+             "is exactly 1, 1.5, 3, 6 for values 1, 2, 4, 8 (the mask written out by hand)",
+         Nq=4, Nk=4, D=1, data="explicit", q=((1.0,),) * 4, k=((1.0,),) * 4, v=((1.0,), (2.0,), (4.0,), (8.0,)),
+         expected=((1.0,), (1.5,), (3.0,), (6.0,)), exact=True, window=(1, 0)),
+    Case("window_hand_bottom_right", point=("lengths",),
+         why="window (1, 0) with Nq = 2 < Nk = 4: bottom-right aligned, row 0 sees keys 1, 2 and row 1 keys 2, 3: "
+             "exactly 3 and 6 (a top-left window gives 1 and 1.5)",
+         Nq=2, Nk=4, D=1, data="explicit", q=((1.0,),) * 2, k=((1.0,),) * 4, v=((1.0,), (2.0,), (4.0,), (8.0,)),
+         expected=((3.0,), (6.0,)), exact=True, window=(1, 0)),
+    Case("window_diagonal_only", point=(),
+         why="window (0, 0): each row sees its diagonal key alone, so the output is that key's value row; an edge "
+             "off by one adds a neighbour",
+         H=2, Nq=33, Nk=33, D=16, window=(0, 0), seed=87),
+    Case("window_keys_from_the_diagonal", point=("nq_lt_nk",),
+         why="window (0, None): each row sees keys from its diagonal to the last (the mirror of causal), Nq < Nk",
+         Nq=20, Nk=53, D=16, window=(0, None), seed=88),
+    Case("window_right_zero_is_causal", point=("nq_gt_nk",),
+         why="window (None, 0) is causal through window=: rows that see no key give 0, never NaN",
+         Nq=48, Nk=20, D=16, window=(None, 0), seed=89),
+    Case("window_crossing_key_blocks", point=("nq_ne_nk", "several_key_blocks"),
+         why="window (20, 10) with Nq = 40 < Nk = 100 and 16-key blocks: both edges cross block boundaries; blocks "
+             "outside every row's window may be skipped, a partly visible one must still be masked at both edges",
+         Nq=40, Nk=100, D=16, window=(20, 10), block_m=16, block_n=16, seed=90),
+    Case("window_rows_see_nothing", point=("lengths",),
+         why="window (3, 2) with Nq = 48 > Nk = 20: the first 26 rows see no key at all (0, lse -inf, never NaN)",
+         Nq=48, Nk=20, D=16, window=(3, 2), seed=91),
+    Case("window_wider_than_the_sequence", point=(),
+         why="window (200, 300) on 50 keys: every row sees every key; a window clipped wrongly at the ends drops keys",
+         Nq=50, Nk=50, D=16, window=(200, 300), seed=92),
+    Case("window_with_causal", point=("nq_lt_nk",),
+         why="window (8, 5) with causal=True: causal sets the right side to 0 (bottom-right), whatever window says",
+         Nq=30, Nk=61, D=32, causal=True, window=(8, 5), seed=93),
+    Case("softcap_tanh_region", point=("several_key_blocks",),
+         why="softcap 1 on scores of about +-1e4 (scaled: hundreds, far past 88 c): c tanh(s / c) saturates; tanh "
+             "written as (e^2x - 1) / (e^2x + 1) gives inf / inf = NaN, (s / c) tanh(s / c) is no cap",
+         Nq=20, Nk=70, D=32, data="large", magnitude=1e4, softcap=1.0, seed=94),
+    Case("softcap_negative_scale", point=("scale",),
+         why="softcap 2 with a negative scale: the cap is odd in s, and nothing may assume s > 0",
+         Nq=24, Nk=30, D=32, scale=-0.7, softcap=2.0, seed=95),
+    Case("softcap_before_the_masks", point=("sees_no_key",),
+         why="softcap 5, causal with Nq > Nk: the cap comes before the masks; capped after them, a masked key's -inf "
+             "becomes -5 and takes weight, and rows that see no key get NaN",
+         Nq=40, Nk=25, D=16, causal=True, softcap=5.0, seed=96),
+    Case("alibi_heads_causal", point=("causal",),
+         why="ALiBi slopes per head, causal: the bias -slope |i + Nk - Nq - j| (its sign, its absolute value, its "
+             "bottom-right distance)",
+         H=4, Nq=40, Nk=40, D=16, causal=True, alibi="heads", seed=97),
+    Case("alibi_batch_heads_cross", point=("nq_lt_nk", "batch_heads"),
+         why="ALiBi slopes per (batch, head), not causal, Nq < Nk: the distance counts from the bottom-right "
+             "diagonal both ways, and each batch has its own slopes",
+         B=2, H=3, Nq=20, Nk=53, D=16, alibi="batch_heads", seed=98),
+    Case("every_feature_at_once", point=("nq_lt_nk",),
+         why="GQA (6 on 3), Dv = 48 != D = 32, window (10, 5), softcap 5 and ALiBi together: each feature's "
+             "effect composed with the others'",
+         B=2, H=6, Hkv=3, Nq=30, Nk=70, D=32, Dv=48, window=(10, 5), softcap=5.0, alibi="heads", seed=99),
     Case("half_unaligned_rows", point=('layout',),
          why="fp16/bf16 rows of D + 3 elements (38 bytes): tensor descriptors need 16-byte strides, so a TMA kernel "
              "must take another path here (or refuse), never fail or read misaligned rows",

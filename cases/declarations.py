@@ -21,6 +21,9 @@ each is a declaration (or is discovered from the signature) and a skip reason fo
 from dataclasses import dataclass, field
 
 ALIGNS = ("bottom-right", "top-left")
+SUPPORT = ("auto", "yes", "no")
+HEAD_MAPS = ("grouped", "interleaved")
+EMPTY_LSE = ("-inf", "+inf")
 STRIDES = ("any", "last-dim-contiguous", "aligned", "contiguous")
 ATTRIBUTE = "flashcheck_declarations"
 # layouts of cases/inputs.py whose every tensor has a unit stride along the head dim ("mixed" holds a
@@ -132,6 +135,18 @@ FIELDS = (
           "allowance for scores rounded to the input dtype, so more of them are judged tightly"),
     Field("fused", "--fused", _flag, False,
           "the kernel never materialises the Nq x Nk scores: its extra memory must not grow like Nq x Nk (GPU)"),
+    Field("gqa", "--gqa", _choice("gqa", SUPPORT), "auto",
+          "grouped-query heads, k and v with fewer heads than q: yes, no, or auto (the default: one small case "
+          "tells, since no signature can)", "auto|yes|no"),
+    Field("dv", "--dv", _choice("dv", SUPPORT), "auto",
+          "a value head dim of its own, v and the output with Dv != D: yes, no, or auto (probed, as --gqa)",
+          "auto|yes|no"),
+    Field("head_map", "--head-map", _choice("head_map", HEAD_MAPS), "grouped",
+          "which kv head query head h reads: grouped, h // (H // Hkv) (FlashAttention, SDPA's enable_gqa; the "
+          "protocol), or interleaved, h mod Hkv", "grouped|interleaved"),
+    Field("empty_lse", "--empty-lse", _choice("empty_lse", EMPTY_LSE), "-inf",
+          "the log-sum-exp of a row that sees no key: -inf (the protocol; on a command line --empty-lse=-inf, "
+          "since a bare -inf reads as an option) or +inf (FlashAttention's kernels)", "-inf|+inf"),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 
@@ -150,6 +165,10 @@ class Declarations:
     strides: str = "any"
     fp32_scores: bool = False
     fused: bool = False
+    gqa: str = "auto"
+    dv: str = "auto"
+    head_map: str = "grouped"
+    empty_lse: str = "-inf"
     given: tuple = field(default=(), compare=False)   # the names declared (not left at their default)
 
     @classmethod
@@ -226,6 +245,12 @@ class Declarations:
             why.append(f"dtype {case.dtype} (--dtypes {','.join(self.dtypes)})")
         if not self.head_dim_ok(case.D):
             why.append(f"head dim {case.D} (--head-dims {ranges_text(self.head_dims)})")
+        if case.Dv is not None and case.Dv != case.D and not self.head_dim_ok(case.Dv):
+            why.append(f"v's head dim {case.Dv} (--head-dims {ranges_text(self.head_dims)})")
+        if self.gqa == "no" and case.kv_heads != case.H:
+            why.append(f"Hkv = {case.kv_heads} < H = {case.H} (--gqa no)")
+        if self.dv == "no" and case.v_dim != case.D:
+            why.append(f"Dv = {case.v_dim} != D = {case.D} (--dv no)")
         if self.same_length and case.Nq != case.Nk:
             why.append(f"Nq = {case.Nq} != Nk = {case.Nk} (--same-length)")
         for name, n in (("Nq", case.Nq), ("Nk", case.Nk)):

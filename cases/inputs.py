@@ -98,12 +98,17 @@ def tensor_layout(layout, which):
     return MIXED[which] if layout == "mixed" else layout
 
 
+def shapes(case):
+    """{"q": (B, H, Nq, D), "k": (B, Hkv, Nk, D), "v": (B, Hkv, Nk, Dv), "out": (B, H, Nq, Dv)} of a case."""
+    B, H, Hkv = case.B, case.H, case.kv_heads
+    return {"q": (B, H, case.Nq, case.D), "k": (B, Hkv, case.Nk, case.D), "v": (B, Hkv, case.Nk, case.v_dim),
+            "out": (B, H, case.Nq, case.v_dim)}
+
+
 def strides(case):
     """{"q": strides, "k": ..., "v": ..., "out": ...}: the strides (in elements) each tensor of the case has."""
-    shapes = {"q": (case.B, case.H, case.Nq, case.D), "k": (case.B, case.H, case.Nk, case.D),
-              "v": (case.B, case.H, case.Nk, case.D), "out": (case.B, case.H, case.Nq, case.D)}
     out = {}
-    for name, shape in shapes.items():
+    for name, shape in shapes(case).items():
         storage_shape, perm, slices = _geometry(tensor_layout(case.layout, name), *shape)
         view = torch.empty(storage_shape, device="meta").permute(perm)
         out[name] = (view[slices] if slices is not None else view).stride()
@@ -111,25 +116,27 @@ def strides(case):
 
 
 def values(case, device="cpu"):
-    """The case's q, k, v (B, H, N, D) in the case's dtype: drawn in float32 on the CPU (the same values on
-    every backend), except for huge cases (sample_heads > 0), drawn on `device` to keep them affordable."""
+    """The case's q (B, H, Nq, D), k (B, Hkv, Nk, D) and v (B, Hkv, Nk, Dv) in the case's dtype: drawn in float32
+    on the CPU (the same values on every backend), except for huge cases (sample_heads > 0), drawn on `device` to
+    keep them affordable."""
     gen_device = device if case.sample_heads else "cpu"
     g = torch.Generator(device=gen_device).manual_seed(case.seed)
     B, H, Nq, Nk, D = case.B, case.H, case.Nq, case.Nk, case.D
+    Hkv, Dv = case.kv_heads, case.v_dim
 
     def randn(*shape):
         t = torch.randn(*shape, generator=g, device=gen_device)
         return t.to(case.torch_dtype) if case.sample_heads else t   # huge: no float32 copy kept
 
     if case.data == "explicit":
-        def tile(x, n):
+        def tile(x, heads, n, d):
             t = torch.tensor(x, dtype=torch.float32)
-            if tuple(t.shape) != (n, D):
-                raise ValueError(f"case {case.name}: explicit tensor shape {tuple(t.shape)} != {(n, D)}")
-            return t.expand(B, H, n, D).clone()
-        q, k, v = tile(case.q, Nq), tile(case.k, Nk), tile(case.v, Nk)
+            if tuple(t.shape) != (n, d):
+                raise ValueError(f"case {case.name}: explicit tensor shape {tuple(t.shape)} != {(n, d)}")
+            return t.expand(B, heads, n, d).clone()
+        q, k, v = tile(case.q, H, Nq, D), tile(case.k, Hkv, Nk, D), tile(case.v, Hkv, Nk, Dv)
     else:
-        q, k, v = randn(B, H, Nq, D), randn(B, H, Nk, D), randn(B, H, Nk, D)
+        q, k, v = randn(B, H, Nq, D), randn(B, Hkv, Nk, D), randn(B, Hkv, Nk, Dv)
         half = case.torch_dtype != torch.float32
         if case.data == "large":
             # raw scores q.k of about +-1e4 (+-1e3 in fp16/bf16: fp16 scores overflow past 65504 and bf16's 8
@@ -162,7 +169,7 @@ def values(case, device="cpu"):
             v = v + c
             v[..., 0] = c * (1 + k[..., 0] / 4)
         elif case.data == "equal_scores":
-            k = k[:, :, :1, :].expand(B, H, Nk, D).clone()   # one key repeated: every score of a row equal
+            k = k[:, :, :1, :].expand(B, Hkv, Nk, D).clone()   # one key repeated: every score of a row equal
         elif case.data == "nan_input":
             q[..., Nq // 2, 0] = float("nan")                   # one NaN query element: its row is NaN
     out = tuple(t.to(case.torch_dtype) for t in (q, k, v))
@@ -189,7 +196,7 @@ def make_inputs(case, device, qkv=None, guard_fill=float("nan")):
         gt = guarded(tuple(src.shape), dt, device, tensor_layout(case.layout, name), guard_fill)
         gt.t.copy_(src.to(dt))
         made[name] = gt
-    out = guarded(tuple(q.shape), dt, device, tensor_layout(case.layout, "out"), SENTINEL)
+    out = guarded(tuple(q.shape[:3]) + (v.shape[3],), dt, device, tensor_layout(case.layout, "out"), SENTINEL)
     int_view(out.t).fill_(poison_bits(dt))
     return Inputs(made["q"], made["k"], made["v"], out)
 
@@ -207,10 +214,8 @@ def footprint(case):
     of their bits the guard checks compare against, the kernel's own output, and on the host the float64
     reference of the judged heads (a few (Nq, Nk) arrays per head). What a case needs, before it starts."""
     elt = torch.finfo(case.torch_dtype).bits // 8
-    shapes = {"q": (case.B, case.H, case.Nq, case.D), "k": (case.B, case.H, case.Nk, case.D),
-              "v": (case.B, case.H, case.Nk, case.D), "out": (case.B, case.H, case.Nq, case.D)}
-    guarded = sum(_storage_elements(tensor_layout(case.layout, n), s) for n, s in shapes.items())
-    plain = case.B * case.H * (2 * case.Nq + 2 * case.Nk) * case.D
+    guarded = sum(_storage_elements(tensor_layout(case.layout, n), s) for n, s in shapes(case).items())
+    plain = sum(a * b * c * d for a, b, c, d in shapes(case).values())
     device = elt * (2 * guarded + plain)
     heads = case.sample_heads or case.B * case.H
     host = 8 * heads * (10 * case.Nq * case.Nk + 6 * (case.Nq + case.Nk) * case.D)

@@ -23,7 +23,9 @@ Where SDPA differs from the protocol, the wrapper bridges the difference instead
     |scale|, about 16 times the typical score) to the math backend, which computes fp16/bf16 in fp32 and is
     right there; the catalogue's large-score cases (about 1e3 to 1e4) still go through SDPA's own choice.
 Everything else matches: q (B, H, Nq, D), k and v (B, H, Nk, D), any strides, scale defaulting to
-1/sqrt(D), the output in q's dtype. SDPA has no out= and no log-sum-exp, so verify reports the output
+1/sqrt(D), the output in q's dtype. Two of protocol v3's features are SDPA's own: grouped-query heads (k and v
+with Hkv heads, H a multiple of Hkv: SDPA's enable_gqa=True, torch >= 2.5, the protocol's head map h // (H // Hkv))
+and a value head dim of its own (v of head dim Dv != D); verify finds both by probing. SDPA has no out= and no log-sum-exp, so verify reports the output
 guard as a reduced check and does not judge the log-sum-exp.
 """
 import contextlib
@@ -34,7 +36,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 def attention(q, k, v, *, causal=False, scale=None):
-    """q: (B, H, Nq, D); k, v: (B, H, Nk, D); one float dtype and device. Returns (B, H, Nq, D)."""
+    """q: (B, H, Nq, D); k: (B, Hkv, Nk, D), v: (B, Hkv, Nk, Dv), H a multiple of Hkv; one float dtype and device.
+    Returns (B, H, Nq, Dv)."""
     # SDPA's memory-efficient CUDA kernel needs rows aligned to 8 elements ("cutlassF: no kernel found to
     # launch!" on the H200 for a row pitch of D + 3), and it checks the stride of a length-1 sequence too
     # ("query is not correctly aligned (strideM)" for q of shape (1, 1, 1, 4) with strides (4, 4, 1, 1), which
@@ -43,15 +46,17 @@ def attention(q, k, v, *, causal=False, scale=None):
     q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
     backends = (sdpa_kernel(SDPBackend.MATH) if (scale is not None and scale <= 0) or _huge_scores(q, k, scale)
                 else contextlib.nullcontext())
+    # grouped-query heads: SDPA's enable_gqa (only when the head counts differ: torch < 2.5 has no such keyword)
+    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
     with backends:
         if not causal:
-            return F.scaled_dot_product_attention(q, k, v, scale=scale)
+            return F.scaled_dot_product_attention(q, k, v, scale=scale, **gqa)
         Nq, Nk = q.shape[-2], k.shape[-2]
         # query i sees key j iff j <= i + (Nk - Nq): the lower triangle shifted right by Nk - Nq
         sees = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).tril(Nk - Nq)
         # an additive mask: cuDNN lets keys of a boolean mask through once scores are large (found-bugs row 8)
         mask = torch.zeros(Nq, Nk, dtype=q.dtype, device=q.device).masked_fill(~sees, float("-inf"))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
     return out.masked_fill(~sees.any(dim=-1, keepdim=True), 0.0)
 
 

@@ -115,8 +115,7 @@ def _softcap(s, cap):
     units, scaled). tanh from e = exp(-2 |x|), which lies in (0, 1]: finite for every x, where the textbook
     (e^2x - 1) / (e^2x + 1) overflows to inf / inf = NaN from |x| ~ 44 on; exactly odd; near 0 the absolute
     error is a few ulps of 1, a few ulps of cap in the score, as the tolerance allows. Triton has no tl.tanh on
-    every version (and libdevice's is slower). Proposed mutants (scratch_notes/proposed_mutants.md, killed by
-    tests/test_kernel_features.py): softcap_textbook_tanh, softcap_ratio_times_tanh"""
+    every version (and libdevice's is slower). guards: mutants softcap_textbook_tanh, softcap_ratio_times_tanh"""
     x = s * (1.0 / cap)
     e = tl.math.exp2(-2.8853900817779268 * tl.abs(x))   # exp(-2 |x|) = exp2(-2 log2(e) |x|)
     t = (1.0 - e) / (1.0 + e)
@@ -156,8 +155,8 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn, 
         kv_rows = (start_n + offs_n)[:, None] < Nk   # the key rows that exist (the load masks' rows)
         k = _load_kv(k_ptrs, desc_k, off_b, off_hkv, start_n, kv_rows, 0, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED,
                      USE_TMA)
-        # V has its own head dim (BLOCK_DV, HEAD_DIM_V: Dv, which may differ from D). Proposed mutant
-        # (scratch_notes/proposed_mutants.md, as are the others named below): dv_load_mask_head_dim
+        # V has its own head dim (BLOCK_DV, HEAD_DIM_V: Dv, which may differ from D). guards: mutant
+        # dv_load_mask_head_dim
         v = _load_kv(v_ptrs, desc_v, off_b, off_hkv, start_n, kv_rows, 0, BLOCK_N, BLOCK_DV, HEAD_DIM_V, MASKED,
                      USE_TMA)
         # S = Q K^T, accumulated in fp32 (in fp64 under INPUT_PRECISION "fp64", then rounded once to fp32 below)
@@ -178,11 +177,11 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn, 
             qk = _times_scale(qk, qk_scale, EXACT, MUL_RN)
             if SOFTCAP:
                 # c tanh(s / c) of the scaled score, BEFORE the masks (a capped -inf would be a finite -c) and
-                # before the bias. Proposed mutant: softcap_after_mask
+                # before the bias. guards: mutant softcap_after_mask
                 qk = _softcap(qk, softcap)
             if HAS_ALIBI:
                 # -slope |i + Nk - Nq - j|: the distance from row i's diagonal key (bottom-right, like the
-                # causal mask; for non-causal rows j lies on both sides of it). Proposed mutants: alibi_sign,
+                # causal mask; for non-causal rows j lies on both sides of it). guards: mutants alibi_sign,
                 # alibi_top_left, alibi_no_abs
                 qk = qk - alibi * tl.abs(offs_m[:, None] + causal_shift - (start_n + offs_n)[None, :]).to(tl.float32)
             if MASKED:
@@ -195,7 +194,7 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn, 
                     # guards: mutants causal_top_left, causal_shift_sign; cases causal_nq_lt_nk / causal_nq_gt_nk
                     valid = valid & ((start_n + offs_n)[None, :] <= offs_m[:, None] + right_shift)
                 if WINDOW_LEFT:
-                    # and j >= i + (Nk - Nq) - left (the side included). Proposed mutant: window_left_off_by_one
+                    # and j >= i + (Nk - Nq) - left (the side included). guards: mutant window_left_off_by_one
                     valid = valid & ((start_n + offs_n)[None, :] >= offs_m[:, None] + left_shift)
                 # -inf on invalid scores: they lose the max and exp to exactly 0. guards: mutant no_score_mask
                 qk = tl.where(valid, qk, float("-inf"))
@@ -351,7 +350,7 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     off_b = off_bh // H
     off_h = off_bh % H
     # GQA/MQA: KV_GROUP consecutive query heads share one kv head (grouped, as FlashAttention and SDPA's
-    # enable_gqa map them: h // (Hq // Hkv)); K and V both. Proposed mutants: gqa_interleaved_map,
+    # enable_gqa map them: h // (Hq // Hkv)); K and V both. guards: mutants gqa_interleaved_map,
     # gqa_group_inverted, gqa_v_reads_query_head
     off_hkv = off_h // KV_GROUP
     # Batch/head offsets in int64: B*H*N*D passes 2^31 elements long before one head does.
@@ -409,7 +408,7 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     # (and mutant one_length_nq: one length passed for both)
     causal_shift = Nk - Nq
     # Row i sees keys [i + left_shift, i + right_shift] of [0, Nk) (bottom-right: both sides count from the
-    # diagonal key i + Nk - Nq; causal is the right side 0). Proposed mutants: window_right_off_by_one,
+    # diagonal key i + Nk - Nq; causal is the right side 0). guards: mutants window_right_off_by_one,
     # window_left_top_left
     left_shift = 0
     right_shift = causal_shift
@@ -430,7 +429,7 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         # Nor the blocks left of the window of the program's first row (the block holding its first key is the
         # first one visited), and the masks stay on up to the first block whole in the window of its last row:
         # the blocks [lo, full_lo) cross the window's left edge. lo <= full_lo <= full_hi <= hi.
-        # Proposed mutants: window_lead_block_unmasked, window_lo_skips_partial_block
+        # guards: mutants window_lead_block_unmasked, window_lo_skips_partial_block
         lo = tl.maximum(start_m + left_shift, 0) // BLOCK_N * BLOCK_N
         full_lo = tl.minimum((tl.maximum(start_m + BLOCK_M - 1 + left_shift, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N,
                              full_hi)
@@ -454,7 +453,7 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         lead_lo, lead_hi, fast_lo, fast_hi, masked_lo, masked_hi = lo, full_lo, full_lo, full_hi, full_hi, hi
     if HAS_ALIBI:
         # one slope per (batch, query head: slopes of shape (Hq,) come with stride_az = 0), in the loop's log2
-        # units. Proposed mutants: alibi_batch_slopes_ignored, alibi_natural_units
+        # units. guards: mutants alibi_batch_slopes_ignored, alibi_natural_units
         alibi = tl.load(Alibi + off_b.to(tl.int64) * stride_az + off_h.to(tl.int64) * stride_ah) * 1.4426950408889634
     else:
         alibi = 0.0
@@ -484,11 +483,12 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     if SPLIT:
         # The partial state of this split: its output normalised by its own l (l = 0 when no row key fell in
         # it: divide by 1, not 0, or 0/0 = NaN reaches the combine, where a zero weight times NaN is still
-        # NaN), and its log2-domain log-sum-exp, -inf for such rows; rows of Dv columns (proposed mutant
-        # dv_split_partial_row_stride). guards: mutant split_partial_no_l_guard; case split_kv_decode_causal
+        # NaN), and its log2-domain log-sum-exp, -inf for such rows.
+        # guards: mutant split_partial_no_l_guard; case split_kv_decode_causal
         split = tl.program_id(2)
         l_part = tl.where(l_i == 0.0, 1.0, l_i)
         row = (off_bh.to(tl.int64) * tl.num_programs(2) + split) * Nq + offs_m
+        # the partial rows are Dv wide. guards: mutant dv_split_partial_row_stride; case dv_split_decode
         tl.store(Out + row[:, None] * HEAD_DIM_V + offs_dv[None, :], acc / l_part[:, None], mask=o_mask)
         tl.store(Lse + row, tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_part)), mask=offs_m < Nq)
         return
@@ -820,8 +820,9 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, a
         desc_k = desc_v = None
         if use_tma:
             # K as (B, Hkv, Nk, D) and V as (B, Hkv, Nk, Dv) in their own strides, each with the box of its own head
-            # dim (proposed mutant dv_descriptor_shape_from_d): blocks never cross into another head.
-            # guards: mutants tma_desc_rows_nq, tma_desc_padded_head_dim; case half_descriptor_layout
+            # dim, so blocks never cross into another head; V's descriptor has Dv's shape and box.
+            # guards: mutants tma_desc_rows_nq, tma_desc_padded_head_dim, dv_descriptor_shape_from_d;
+            # cases half_descriptor_layout, dv_half_descriptor
             desc_k = TensorDescriptor(k, [B, Hkv, Nk, D], list(k.stride()), [1, 1, bn, head_dim_block(D)])
             desc_v = TensorDescriptor(v, [B, Hkv, Nk, Dv], list(v.stride()), [1, 1, bn, head_dim_block(Dv)])
         # causal is the window's right side 0, and so is a window (left, 0): both take the causal kernel (its
@@ -829,8 +830,8 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, a
         is_causal = causal or window_right == 0
         if is_causal:
             window_right = None
-        # the features' arguments in the kernel's log2 units (None for a feature that is off; proposed mutant
-        # softcap_natural_units)
+        # the features' arguments in the kernel's log2 units (None for a feature that is off). guards: mutant
+        # softcap_natural_units; case softcap_negative_scale
         softcap_log2 = None if softcap is None else softcap * LOG2E
         slope_strides = (None, None) if slopes is None else slopes.stride()
         # A tile the caller pins may not fit the default pipeline depth in shared memory (H200, fp16, D = 128,
@@ -855,8 +856,9 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, a
                     IS_CAUSAL=is_causal, STORE_LSE=return_lse, NEGATIVE_SCALE=scale < 0, USE_TMA=use_tma,
                     # fp32 products as precision says (attention_tf32x3 is the verify entry of "tf32x3")
                     INPUT_PRECISION=dot_precision(q.dtype, precision, q.device),
-                    # the optional features (features_off gives these for a call without them); V's block is Dv's
-                    # (proposed mutant dv_block_from_d)
+                    # the optional features (features_off gives these for a call without them); H // Hkv query heads
+                    # share a kv head, and V's block is Dv's. guards: mutants gqa_group_from_batch, dv_block_from_d;
+                    # cases gqa_groups_of_four_causal, dv_larger_odd_causal
                     KV_GROUP=H // Hkv, BLOCK_DV=head_dim_block(Dv) // (2 if d_split else 1), HEAD_DIM_V=Dv,
                     WINDOW_LEFT=window_left is not None, WINDOW_RIGHT=window_right is not None,
                     SOFTCAP=softcap is not None, HAS_ALIBI=slopes is not None,

@@ -55,13 +55,15 @@ def _scores(Q, K, S, scale,
     k = tl.load(k_ptrs, mask=(offs_n[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM), other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale
     if SOFTCAP:
-        # c tanh(s / c), before the masks and the bias; tanh from exp(-2 |x|), finite for every score
+        # c tanh(s / c), before the masks and the bias; tanh from exp(-2 |x|), finite for every score. guards:
+        # mutant unfused_softcap_textbook_tanh; case softcap_tanh_region
         x = s * (1.0 / softcap)
         e = tl.exp(-2.0 * tl.abs(x))
         t = (1.0 - e) / (1.0 + e)
         s = softcap * tl.where(x < 0, -t, t)
     if HAS_ALIBI:
-        # -slope |i + Nk - Nq - j|: the distance from row i's diagonal key (bottom-right)
+        # -slope |i + Nk - Nq - j|: the distance from row i's diagonal key (bottom-right). guards: mutant
+        # unfused_alibi_top_left; case alibi_batch_heads_cross
         slope = tl.load(Alibi + off_b.to(tl.int64) * stride_az + off_h.to(tl.int64) * stride_ah)
         s = s - slope * tl.abs(offs_m[:, None] + (Nk - Nq) - offs_n[None, :]).to(tl.float32)
     if IS_CAUSAL:
@@ -71,7 +73,7 @@ def _scores(Q, K, S, scale,
         # a window's right side: j <= i + Nk - Nq + right
         s = tl.where(offs_n[None, :] <= offs_m[:, None] + (Nk - Nq) + window_right, s, float("-inf"))
     if WINDOW_LEFT:
-        # and its left side: j >= i + Nk - Nq - left
+        # and its left side: j >= i + Nk - Nq - left. guards: mutant unfused_window_left_off_by_one
         s = tl.where(offs_n[None, :] >= offs_m[:, None] + (Nk - Nq) - window_left, s, float("-inf"))
     s_ptrs = S + off_b.to(tl.int64) * stride_sz + off_h.to(tl.int64) * stride_sh \
         + offs_m[:, None] * stride_sm + offs_n[None, :] * stride_sn
@@ -109,7 +111,7 @@ def _weights_v(W, V, Out,
     """Out[b, h] = W[b, h] V[b, h // KV_GROUP]; BLOCK_D and HEAD_DIM are V's (and the output's) head dim Dv."""
     off_b = tl.program_id(1) // H
     off_h = tl.program_id(1) % H
-    off_hkv = off_h // KV_GROUP
+    off_hkv = off_h // KV_GROUP   # V at the kv head, not the query head. guards: unfused_gqa_v_reads_query_head
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)

@@ -199,3 +199,12 @@ def test_shards_collect_disjoint_parts_that_make_the_whole(repo):
     for p in parts:
         merged.update(p)
     assert merged == whole
+
+
+def test_help_lists_every_declaration(repo):
+    """`pytest --flashcheck=X --help` renders (argparse formats each help text with %) and lists every declaration."""
+    from flashcheck.cases.declarations import FIELDS
+    proc = pytest_in(repo, "--flashcheck=pkg.attn:forward", "--help")
+    assert proc.returncode == 0, explain(proc)
+    flags = [f"--flashcheck-{f.flag[2:]}" for f in FIELDS]
+    assert [f for f in flags if f not in proc.output] == [], explain(proc)

@@ -267,6 +267,28 @@ def test_usage_errors_exit_2(args, words):
     assert proc.stdout == ""
 
 
+def test_help_names_every_declaration():
+    """--help renders (a help text with a bare % once made argparse raise instead of printing it), and every
+    declaration has its flag there."""
+    from flashcheck.cases.cli import SUBCOMMANDS
+    from flashcheck.cases.declarations import FIELDS
+    for where in [[]] + [[name] for name in SUBCOMMANDS]:
+        proc = subprocess.run([sys.executable, "-m", "flashcheck", *where, "--help"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0 and "usage:" in proc.stdout, explain(proc)
+        if where == ["verify"]:
+            missing = [f.flag for f in FIELDS if f.flag not in proc.stdout]
+            assert not missing, missing
+
+
+def test_a_declared_value_that_starts_with_a_dash_parses():
+    """--empty-lse=-inf (the default written out) is accepted; a bad value is a usage error naming the choices."""
+    proc = verify(SDPA, "--only", "hand_one_query_two_keys", "--dtypes", "fp32", "--empty-lse=-inf", "-q")
+    assert proc.returncode == 0, explain(proc)
+    proc = verify(SDPA, "--empty-lse", "zero")
+    assert proc.returncode == 2 and "--empty-lse" in proc.stderr and "+inf" in proc.stderr, explain(proc)
+
+
 # ---- robustness: one run over every misbehaviour, each a case of its own head dim ----
 
 def _chaos_order():

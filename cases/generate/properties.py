@@ -39,6 +39,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
+from flashcheck.cases import features
 from flashcheck.cases import inputs as inp
 from flashcheck.cases import oracle
 from flashcheck.cases.backend import backend as active_backend
@@ -46,7 +47,6 @@ from flashcheck.cases.backend import device as active_device
 from flashcheck.cases.declarations import Declarations
 from flashcheck.cases.generate import strategies as S
 from flashcheck.cases.oracle.tolerance import Expectation
-from flashcheck.reference.numpy_ref import causal_shift, visible
 
 
 @dataclass
@@ -175,14 +175,22 @@ def _f64(t):
     return t.detach().to("cpu", torch.float64)
 
 
-def _shift(case, conventions):
-    """Query i sees keys j <= i + shift when causal (bottom-right: Nk - Nq; top-left: 0)."""
-    return causal_shift(case.Nq, case.Nk, conventions.causal_align)
+def _problem(case, conventions):
+    return features.problem(case, conventions.causal_align, conventions.head_map)
 
 
 def _sees_key(case, conventions):
     """(Nq, 1) bool: which query rows see at least one key."""
-    return visible(case.Nq, case.Nk, case.causal, conventions.causal_align).any(axis=1)[:, None]
+    return _problem(case, conventions).visible().any(axis=1)[:, None]
+
+
+def _right_bounded(case):
+    """Whether every row's keys end somewhere before the last (causal, or a window's right side)."""
+    return case.causal or (case.window is not None and case.window[1] is not None)
+
+
+def _left_bounded(case):
+    return case.window is not None and case.window[0] is not None
 
 
 def _relation(what, got, want, bound, compared=None, *, lse=None):
@@ -300,13 +308,13 @@ def v_scaling(kernel, case, a=2.0, *, trial=None, target="kernel"):
 
 
 def v_shift(kernel, case, shift=(1.0, 0), *, trial=None, target="kernel"):
-    """V -> V + c, with c = magnitude * randn(D) (seeded) added to every value row, gives out + c on every
+    """V -> V + c, with c = magnitude * randn(Dv) (seeded) added to every value row, gives out + c on every
     row that sees a key; a row that sees none stays 0. The lse does not depend on V."""
     magnitude, seed = shift
 
     def body(t):
         q, k, v = t.qkv
-        c = magnitude * torch.randn(case.D, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        c = magnitude * torch.randn(case.v_dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
         v2 = (_f64(v) + c).to(v.dtype)
         rounding = float((_f64(v2) - (_f64(v) + c)).abs().max()) if v.numel() else 0.0
         base, got, e0, e1 = t.run(), t.run((q, k, v2)), t.expect(), t.expect((q, k, v2))
@@ -403,30 +411,80 @@ def convex_hull(kernel, case, *, trial=None, target="kernel"):
     return _checked("convex_hull", kernel, case, trial, target, body, repro=_repro("convex_hull"))
 
 
+def _hidden(t, keys, rows, seed):
+    """(k, v) with new values at `keys` (a slice): scores about 3x the others, so that a leaked key would dominate
+    its row, and values 4x as spread; rows: the (B, H, Nq, 1) bool mask of the rows that must not change."""
+    q, k, v = t.qkv
+    g = torch.Generator().manual_seed(seed)
+    k2, v2 = k.clone(), v.clone()
+    n = len(range(*keys.indices(k.shape[2])))
+    k2[:, :, keys] = (torch.randn(k.shape[0], k.shape[1], n, k.shape[3], generator=g) * 3 * _std(k)).to(k.dtype)
+    v2[:, :, keys] = (torch.randn(v.shape[0], v.shape[1], n, v.shape[3], generator=g) * 4 * _std(v)).to(v.dtype)
+    return (q, k2, v2)
+
+
 def causal_hidden_keys(kernel, case, hidden=(0, 0), *, trial=None, target="kernel"):
-    """Causal: the keys row r cannot see (j > r + Nk - Nq) get new values (larger scores, other values);
-    rows 0..r see none of them, and neither their output nor their lse may change."""
+    """Causal (or a window's right side): the keys row r cannot see (past the last it sees) get new values (larger
+    scores, other values); rows 0..r see none of them (the last key a row sees only grows with the row), and
+    neither their output nor their lse may change."""
     row, seed = hidden
 
     def body(t):
-        q, k, v = t.qkv
-        first = max(row + _shift(case, t.conventions) + 1, 0)
+        lo, hi = _problem(case, t.conventions).bounds()
+        first = max(int(hi[row]) + 1, 0)
         if first >= case.Nk:
             return None
-        g = torch.Generator().manual_seed(seed)
-        k2, v2 = k.clone(), v.clone()
-        n = case.Nk - first
-        # scores about 3x the others, so that a leaked key would dominate its row
-        k2[:, :, first:] = (torch.randn(case.B, case.H, n, case.D, generator=g) * 3 * _std(k)).to(k.dtype)
-        v2[:, :, first:] = (torch.randn(case.B, case.H, n, case.D, generator=g) * 4 * _std(v)).to(v.dtype)
+        moved = _hidden(t, slice(first, None), None, seed)
         rows = np.zeros((case.B, case.H, case.Nq, 1), dtype=bool)
         rows[:, :, :row + 1] = True
-        base, got, e0, e1 = t.run(), t.run((q, k2, v2)), t.expect(), t.expect((q, k2, v2))
+        base, got, e0, e1 = t.run(), t.run(moved), t.expect(), t.expect(moved)
         return _relation(f"rows 0..{row} must ignore keys {first}..{case.Nk - 1}, which they cannot see",
                          got.out, base.out, e0.tol + e1.tol, rows, lse=_same_lse(got, base, e1, e0))
     return _checked("causal_hidden_keys", kernel, case, trial, target, body,
-                    f"keys >= row {row} + Nk - Nq + 1 replaced (seed {seed})",
-                    _repro("causal_hidden_keys", hidden))
+                    f"keys past the last row {row} sees replaced (seed {seed})", _repro("causal_hidden_keys", hidden))
+
+
+def left_hidden_keys(kernel, case, hidden=(0, 0), *, trial=None, target="kernel"):
+    """A window's left side: the keys before the first that row r sees get new values; rows r..Nq-1 see none of
+    them (the first key a row sees only grows with the row), and neither their output nor their lse may change."""
+    row, seed = hidden
+
+    def body(t):
+        lo, hi = _problem(case, t.conventions).bounds()
+        last = min(int(lo[row]), case.Nk)
+        if last <= 0:
+            return None
+        moved = _hidden(t, slice(0, last), None, seed)
+        rows = np.zeros((case.B, case.H, case.Nq, 1), dtype=bool)
+        rows[:, :, row:] = True
+        base, got, e0, e1 = t.run(), t.run(moved), t.expect(), t.expect(moved)
+        return _relation(f"rows {row}..{case.Nq - 1} must ignore keys 0..{last - 1}, left of their window",
+                         got.out, base.out, e0.tol + e1.tol, rows, lse=_same_lse(got, base, e1, e0))
+    return _checked("left_hidden_keys", kernel, case, trial, target, body,
+                    f"keys before the first row {row} sees replaced (seed {seed})", _repro("left_hidden_keys", hidden))
+
+
+def query_heads_in_group(kernel, case, *, trial=None, target="kernel"):
+    """GQA: query heads that read the same kv head, permuted among themselves (each such set's order reversed),
+    permute the output heads alike: a kernel whose head map depends on more than the kv head shows."""
+    def body(t):
+        q, k, v = t.qkv
+        kv = _problem(case, t.conventions).kv_heads()
+        perm = np.arange(case.H)
+        for g in np.unique(kv):
+            heads = np.flatnonzero(kv == g)
+            perm[heads] = heads[::-1]
+        moved = (q[:, torch.as_tensor(perm)], k, v)
+        base, got, e0, e1 = t.run(), t.run(moved), t.expect(), t.expect(moved)
+        want = Run(base.out[:, perm], None if base.lse is None else base.lse[:, perm])
+        return _relation("query heads permuted within their kv group must permute the output heads alike", got.out,
+                         want.out, e0.tol[:, perm] + e1.tol, lse=_same_lse(got, want, e1, _permuted(e0, perm)))
+    return _checked("query_heads_in_group", kernel, case, trial, target, body,
+                    "query heads reversed within each kv group", _repro("query_heads_in_group"))
+
+
+def _permuted(e, perm):
+    return Expectation(e.out[:, perm], e.lse[:, perm], e.tol[:, perm], e.tol_lse[:, perm])
 
 
 # ---- all of them, for search() and cases/corpus/power.py ----
@@ -443,24 +501,31 @@ def _param_strategies():
     return {"permutation": lambda c: S.key_permutations(c.Nk), "v_scaling": lambda c: S.v_factors(),
             "v_shift": lambda c: S.v_shifts(), "scale_equivariance": lambda c: S.q_factors(),
             "row_locality": S.query_changes,
-            "causal_hidden_keys": S.hidden_key_rows}
+            "causal_hidden_keys": S.hidden_key_rows, "left_hidden_keys": S.hidden_key_rows}
 
 
 def _finite(case):
     return case.data != "nan_input"
 
 
+def _holds(name, extra=lambda c: True):
+    """A relation applies to finite inputs, where every feature the case uses keeps it (cases/features.py)."""
+    return lambda c: _finite(c) and features.keeps(c, name) and extra(c)
+
+
 PROPERTIES = (
     Property("reference", lambda c: True),
     Property("agreement", _finite),
-    Property("permutation", lambda c: _finite(c) and not c.causal and c.Nk > 1),
-    Property("v_scaling", _finite),
-    Property("v_shift", _finite),
-    Property("scale_equivariance", _finite),
-    Property("row_locality", lambda c: _finite(c) and c.Nq > 0),
-    Property("duplication", _finite),
-    Property("convex_hull", _finite),
-    Property("causal_hidden_keys", lambda c: _finite(c) and c.causal and c.Nq > 1),
+    Property("permutation", _holds("permutation", lambda c: not c.causal and c.Nk > 1)),
+    Property("v_scaling", _holds("v_scaling")),
+    Property("v_shift", _holds("v_shift")),
+    Property("scale_equivariance", _holds("scale_equivariance")),
+    Property("row_locality", _holds("row_locality", lambda c: c.Nq > 0)),
+    Property("duplication", _holds("duplication")),
+    Property("convex_hull", _holds("convex_hull")),
+    Property("causal_hidden_keys", _holds("causal_hidden_keys", lambda c: _right_bounded(c) and c.Nq > 1)),
+    Property("left_hidden_keys", _holds("left_hidden_keys", lambda c: _left_bounded(c) and c.Nq > 1)),
+    Property("query_heads_in_group", _holds("query_heads_in_group", lambda c: c.kv_heads < c.H and c.Nq > 0)),
 )
 NAMES = tuple(p.name for p in PROPERTIES)
 
@@ -474,7 +539,7 @@ def fixed_params(case):
     s = case.seed
     return {"permutation": ("shuffle", s), "v_scaling": -2.0, "v_shift": (3.0, s + 1),
             "scale_equivariance": 2.0, "row_locality": (case.B - 1, case.H - 1, case.Nq // 2, s + 2),
-            "causal_hidden_keys": (max(case.Nq // 2 - 1, 0), s + 3)}
+            "causal_hidden_keys": (max(case.Nq // 2 - 1, 0), s + 3), "left_hidden_keys": (case.Nq // 2, s + 4)}
 
 
 def check_fixed(kernel, case, *, trial=None, names=METAMORPHIC, target="kernel", conventions=oracle.Conventions(),

@@ -172,7 +172,8 @@ def _scale():
 
 @st.composite
 def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("fused",), min_nq=0,
-          max_len=None, head_dim_ok=None, backend=None, profile=None, pin_blocks=True, decl=None, scale=True):
+          max_len=None, head_dim_ok=None, backend=None, profile=None, pin_blocks=True, decl=None, scale=True,
+          features=frozenset()):
     """Cases of the legal space of the backend.
 
     causal: None draws it, True/False fixes it. dtypes, layouts, data: the allowed values (default: all
@@ -182,6 +183,8 @@ def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("
     pin_blocks=False leaves the block sizes to the kernel. decl: a kernel's Declarations (cases/declarations.py):
     its lengths (minimum, multiple, maximum, Nq == Nk) are kept, the rest comes through the arguments above.
     scale=False: always the default scale (a kernel without a scale= argument).
+    features: the optional features the kernel has (cases/features.py names): each is drawn in about half the
+    cases, after every other draw, so that a kernel without them gets the same cases as before they existed.
     """
     lim = limits(backend, profile)
     dtype = draw(st.sampled_from(tuple(d for d in lim.dtypes if dtypes is None or d in dtypes)))
@@ -259,8 +262,40 @@ def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("
         drawn_scale = -1.0 / math.sqrt(D) if flip and scale else None
     else:
         magnitude = None
-    return Case(CASE_NAME, B=B, H=H, Nq=Nq, Nk=Nk, D=D, dtype=dtype, causal=is_causal, scale=drawn_scale,
-                layout=layout, block_m=block_m, block_n=block_n, seed=seed, data=kind, magnitude=magnitude)
+    drawn = Case(CASE_NAME, B=B, H=H, Nq=Nq, Nk=Nk, D=D, dtype=dtype, causal=is_causal, scale=drawn_scale,
+                 layout=layout, block_m=block_m, block_n=block_n, seed=seed, data=kind, magnitude=magnitude)
+    return draw(_with_features(drawn, features, head_dim_ok, within)) if features else drawn
+
+
+GROUPS = (4, 6, 8)        # query heads of the GQA draws past the (B, H) pairs: groups of 2, 3, 4 and MQA
+
+
+@st.composite
+def _with_features(draw, case, have, head_dim_ok, within):
+    """case with the optional features the kernel has, each in about half the draws: grouped heads (MQA on the
+    drawn H, or H of 4, 6, 8 over fewer kv heads), a value head dim of its own, a window (either side None or a
+    few to many keys: rows that see nothing, windows wider than the sequence), a softcap (1 pushes randn scores
+    into tanh's flat region), ALiBi slopes per head or per batch and head."""
+    change = {}
+    heads = tuple(h for h in GROUPS if within(case.replace(H=h))) or ((case.H,) if case.H > 1 else ())
+    if "gqa" in have and heads and draw(st.booleans()):
+        H = draw(st.sampled_from(heads))     # every H here is > 1, so has a kv head count below it
+        change["H"] = H
+        change["Hkv"] = draw(st.sampled_from(tuple(d for d in range(1, H) if H % d == 0)))
+    if "dv" in have and draw(st.booleans()):
+        dims = tuple(d for d in (1, 8, 16, 24, 40, 64, 96, 128, 200, 256) if d != case.D
+                     and (head_dim_ok is None or head_dim_ok(d)))
+        if dims:
+            change["Dv"] = draw(st.sampled_from(dims))
+    if "window" in have and draw(st.booleans()):
+        n = max(case.Nq, case.Nk)
+        side = st.one_of(st.none(), st.integers(0, 3), st.integers(0, n + 2))
+        change["window"] = (draw(side), draw(side))
+    if "softcap" in have and draw(st.booleans()):
+        change["softcap"] = draw(st.sampled_from((1.0, 5.0, 30.0)))
+    if "alibi" in have and draw(st.booleans()):
+        change["alibi"] = draw(st.sampled_from(("heads", "batch_heads")))
+    return case.replace(**change) if change else case
 
 
 def representative(decl, dtypes, backend, caps):

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from flashcheck.cases import features
 from flashcheck.cases import inputs as inp
 from flashcheck.cases.backend import device as active_device
 from flashcheck.cases.declarations import DeclarationError, Declarations
@@ -44,14 +45,17 @@ LOOSE = 0.1     # a row whose tolerance reaches this fraction of V's spread is j
 
 @dataclass(frozen=True)
 class Conventions:
-    """What the judgement depends on besides the case: where the causal diagonal sits, and whether the
-    kernel keeps its scores in fp32 (declared; cases/declarations.py)."""
+    """What the judgement depends on besides the case: where the causal diagonal sits (and so the window's and
+    ALiBi's distances), which kv head a query head reads, and whether the kernel keeps its scores in fp32
+    (declared; cases/declarations.py)."""
     causal_align: str = "bottom-right"
     fp32_scores: bool = False
+    head_map: str = "grouped"
+    empty_lse: str = "-inf"          # the log-sum-exp of a row that sees no key: -inf (the protocol) or +inf
 
     @classmethod
     def of(cls, decl):
-        return cls(decl.causal_align, decl.fp32_scores) if decl is not None else cls()
+        return cls(decl.causal_align, decl.fp32_scores, decl.head_map, decl.empty_lse) if decl is not None else cls()
 
 
 def _first_bad(bad):
@@ -92,9 +96,10 @@ class Call:
     peak_bytes: int = None    # device memory the call took beyond its inputs and its output (GPU)
 
 
-def protocol_kwargs(case, caps):
+def protocol_kwargs(case, caps, device="cpu"):
     """The keywords a case passes to a kernel: causal= (unless the signature has none and the case is not causal),
-    scale= when the case sets one, the block pins when the kernel takes them."""
+    scale= when the case sets one, the block pins when the kernel takes them, and the keywords of the optional
+    features it uses (window=, softcap=, alibi_slopes= on `device`: cases/features.py)."""
     kwargs = {}
     if case.causal or caps.causal:
         kwargs["causal"] = case.causal
@@ -102,11 +107,12 @@ def protocol_kwargs(case, caps):
         kwargs["scale"] = case.scale
     if caps.blocks and (case.block_m or case.block_n):
         kwargs.update(block_m=case.block_m, block_n=case.block_n)
+    kwargs.update(features.kwargs(case, device))
     return kwargs
 
 
 def _kwargs(case, caps, g, without_out=False):
-    kwargs = protocol_kwargs(case, caps)
+    kwargs = protocol_kwargs(case, caps, g.q.t.device)
     if caps.out and not without_out:
         kwargs["out"] = g.out.t
     if caps.lse:
@@ -160,7 +166,7 @@ def call_kernel(kernel, case, caps, qkv, device, guard_fill=float("nan"), measur
             raise RunFailed(Failure(Kind.BAD_RETURN,
                                     f"return_lse=True must return (out, lse), got {type(result).__name__}"))
         result, lse = result
-    B, H, Nq, D = case.B, case.H, case.Nq, case.D
+    B, H, Nq, D = case.B, case.H, case.Nq, case.v_dim
     if not isinstance(result, torch.Tensor):
         raise RunFailed(Failure(Kind.BAD_RETURN, f"expected a tensor, got {type(result).__name__}"))
     if tuple(result.shape) != (B, H, Nq, D) or result.dtype != case.torch_dtype \
@@ -236,9 +242,14 @@ def expectation(case, qkv, device=None, conventions=Conventions()):
     """The float64 reference of a case on these inputs (torch tensors of its dtype) and the per-element
     tolerance a kernel following `conventions` is held to (cases/oracle/tolerance.py), computed on `device`
     (default: where the tensors are), or on the host when the device has no room for it."""
+    q, k, v = qkv
+    # the problem at the tensors' own (B, H): a huge case's sampled heads are (S, 1) (such cases use no feature)
+    pb = features.problem(case.replace(B=q.shape[0], H=q.shape[1], Hkv=k.shape[1]), conventions.causal_align,
+                          conventions.head_map)
+
     def on(where):
-        return tolerance.expectation(case.torch_dtype, *qkv, causal=case.causal, scale=case.scale, device=where,
-                                     align=conventions.causal_align, half_scores=not conventions.fp32_scores)
+        return tolerance.expectation(case.torch_dtype, *qkv, device=where, problem=pb,
+                                     half_scores=not conventions.fp32_scores)
 
     try:
         return on(device)
@@ -308,11 +319,11 @@ def compare(got, exp, tol, what=Kind.MISMATCH):
 
 
 def _hand_value(case, qkv):
-    """The case's hand-computed answer as a (B, H, Nq, D) float64 array, or None."""
+    """The case's hand-computed answer as a (B, H, Nq, Dv) float64 array, or None (v as the query heads read it)."""
     if case.expected is None:
         return None
-    v = _to_numpy(qkv[2])
-    shape = (case.B, case.H, case.Nq, case.D)
+    v = _to_numpy(qkv[2])[:, features.problem(case).kv_heads()]
+    shape = (case.B, case.H, case.Nq, case.v_dim)
     if case.expected == "mean_v":
         return np.broadcast_to(v.mean(axis=2, keepdims=True), shape)
     if case.expected == "v_row0":
@@ -328,12 +339,18 @@ def _exact_in(case, hand):
     return bool(np.array_equal(rounded, hand))
 
 
-def _lse_check(lse, expect, heads):
+def _lse_check(lse, expect, heads, empty_lse="-inf"):
     got = _to_numpy(_select(lse, heads))
-    fail, _ = compare(got[..., None], expect.lse[..., None], expect.tol_lse[..., None], what=Kind.LSE)
+    want = expect.lse
+    if empty_lse == "+inf":      # a declared convention (FlashAttention's): rows that see no key give +inf
+        want = np.where(np.isneginf(want), np.inf, want)
+    fail, _ = compare(got[..., None], want[..., None], expect.tol_lse[..., None], what=Kind.LSE)
     if fail is not None:
         fail.kind = Kind.LSE
-        fail.message = "log-sum-exp " + fail.message
+        fail.message = ("log-sum-exp " + fail.message).strip()
+        if np.isinf(fail.got or 0.0) and np.isinf(fail.expected or 0.0) and fail.got == -fail.expected:
+            fail.message += (f"; the row sees no key: its lse is {empty_lse} as declared (--empty-lse; the protocol "
+                             "says -inf, FlashAttention's kernels give +inf)")
     return fail
 
 
@@ -401,7 +418,7 @@ def _judge(kernel, case, device, target, caps, conventions, measure, keep):
         if fail is not None:
             raise RunFailed(_unselect(fail, heads))
         if lse is not None:
-            fail = _lse_check(lse, expect, heads)
+            fail = _lse_check(lse, expect, heads, conventions.empty_lse)
             if fail is not None:
                 raise RunFailed(_unselect(fail, heads))
         # an exact hand value (7.5) is held bit-exact: a job the reference's tolerance, a few ulps wide, cannot do.
@@ -452,7 +469,7 @@ def _prepoison(case, device):
     """Without out=, fill memory the kernel's own output allocation is likely to reuse with the poison
     pattern (the caching allocator hands back a freed block of the same size)."""
     dt = case.torch_dtype
-    n = case.B * case.H * case.Nq * case.D
+    n = case.B * case.H * case.Nq * case.v_dim
     if n == 0:
         return
     block = torch.empty(n, dtype=dt, device=device)

@@ -12,17 +12,21 @@ Outcomes (Verdict.status):
 import inspect
 from dataclasses import dataclass, field
 
+from flashcheck.cases import features
 from flashcheck.cases.oracle.kinds import Kind
 
 
 @dataclass
 class Capabilities:
-    """What a kernel's signature accepts beyond the core protocol (discovered, never declared)."""
+    """What a kernel accepts beyond the core protocol: read off its signature, and for the protocol-v3 features the
+    shapes carry (GQA, Dv != D) declared or probed (cases/features.py, verify's engine)."""
     out: bool = False
     lse: bool = False
     blocks: bool = False
     causal: bool = True        # the signature takes causal= (a kernel without it is judged on non-causal cases)
     scale: bool = True         # the signature takes scale=
+    features: frozenset = frozenset()   # the optional features it has (cases/features.py names)
+    notes: dict = None                  # feature -> how its support (or its lack) was found out, when probed
 
     @classmethod
     def of(cls, kernel):
@@ -33,7 +37,8 @@ class Capabilities:
         var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
         return cls(out="out" in params, lse="return_lse" in params,
                    blocks="block_m" in params and "block_n" in params,
-                   causal=var_kw or "causal" in params, scale=var_kw or "scale" in params)
+                   causal=var_kw or "causal" in params, scale=var_kw or "scale" in params,
+                   features=features.from_signature(params))
 
 
 @dataclass

@@ -14,6 +14,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from flashcheck.cases import features
+
 # the failures found by the comparison with the reference, whose worst err/tol the table shows (the others
 # stop before it, or come from a later layer after the reference comparison passed)
 _REFERENCE_KINDS = {"mismatch", "NaN", "out-of-bounds read"}
@@ -181,6 +183,17 @@ def capabilities_line(run):
         line += ", causal= no (causal cases skipped)"
     if not c.scale:
         line += ", scale= no (cases with a scale skipped)"
+    shown = []
+    for f in features.FEATURES:
+        has = "yes" if f.name in c.features else "no"
+        note = (c.notes or {}).get(f.name)
+        if f.keyword:
+            shown.append(f"{f.keyword}= {has}")
+        elif note is None and has == "no":      # a shape feature no selected case needed: neither probed nor said
+            shown.append(f"{f.label} not probed")
+        else:
+            shown.append(f"{f.label} {has}" + (f" ({note})" if note else ""))
+    line += "; features: " + ", ".join(shown)
     if run.declared:
         line += "; declared: " + " ".join(run.declared)
     return line

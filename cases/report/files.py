@@ -46,7 +46,7 @@ def to_dict(run, partial=False):
     return {"target": run.target, "backend": run.describe, "partial": partial, "stopped": run.stopped,
             "shard": list(run.shard) if run.shard else None,
             "capabilities": {"out": c.out, "return_lse": c.lse, "blocks": c.blocks, "causal": c.causal,
-                             "scale": c.scale},
+                             "scale": c.scale, "features": sorted(c.features), "notes": dict(c.notes or {})},
             "declared": run.declared, "notes": run.notes,
             "summary": {"passed": run.count("pass"), "failed": run.count("fail"),
                         "inconclusive": run.count("inconclusive"), "unsupported": run.count("unsupported"),
@@ -67,7 +67,9 @@ def from_dict(data):
                                                            lse=data["capabilities"]["return_lse"],
                                                            blocks=data["capabilities"]["blocks"],
                                                            causal=data["capabilities"]["causal"],
-                                                           scale=data["capabilities"]["scale"]),
+                                                           scale=data["capabilities"]["scale"],
+                                                           features=frozenset(data["capabilities"].get("features", ())),
+                                                           notes=data["capabilities"].get("notes") or {}),
               declared=list(data.get("declared", [])), notes=list(data.get("notes", [])),
               stopped=data.get("stopped", ""), shard=tuple(data["shard"]) if data.get("shard") else None)
     run.seconds = data["summary"]["seconds"]

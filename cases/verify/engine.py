@@ -11,13 +11,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from flashcheck.cases import catalogue, report
+from flashcheck.cases import catalogue, features, report
 from flashcheck.cases.backend import backend as active_backend
 from flashcheck.cases.case import Case, parse_case
 from flashcheck.cases.declarations import BY_NAME, DeclarationError, Declarations, ranges_text
 from flashcheck.cases.errors import UsageError
 from flashcheck.cases.inputs import footprint
-from flashcheck.cases.oracle import Failure, Kind, Verdict
+from flashcheck.cases.oracle import Conventions, Failure, Kind, Verdict
 from flashcheck.cases.projection import project
 from flashcheck.cases.report import html
 from flashcheck.cases.report.files import Files
@@ -165,6 +165,9 @@ def skip_reason(case, decl, info, backend, max_memory=None):
         declared.append("a scale (the signature has no scale=)")
     if declared:
         return "not declared: " + "; ".join(declared), "not declared"
+    absent = features.missing(case, caps)
+    if absent:
+        return "the kernel lacks " + "; ".join(absent), "feature absent"
     if case.gpu_only and backend != "gpu":
         return f"GPU only: {case.gpu_only}", "GPU only"
     if case.dtype == "bf16" and backend != "gpu" and info.get("triton"):
@@ -250,6 +253,48 @@ def auto_jobs(req, most):
 
 def _cores():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+PROBE = "flashcheck.cases.verify.judging:probe_feature"
+
+
+def _needs(selected, examples):
+    """The shape-carried features (cases/features.py PROBED) a run may meet: those its selected cases use, and
+    every one when generated cases are drawn (they draw what the kernel has)."""
+    if examples:
+        return set(features.PROBED)
+    return {f.name for entry, _ in selected for case in entry.instances() for f in features.used(case)
+            if f.name in features.PROBED}
+
+
+def support(runner, info, decl, backend, needed):
+    """The kernel's Capabilities with the shape-carried features it has: declared (--gqa yes|no, --dv yes|no) or,
+    where it says nothing and the run may meet them, probed with one small case each in the runner (a kernel that
+    raises, declines, returns the wrong shape or reads outside k and v has not got it)."""
+    caps = info["caps"]
+    have, notes = set(caps.features), {}
+    for name in features.PROBED:
+        said = getattr(decl, name)
+        if said != "auto":
+            if said == "yes":
+                have.add(name)
+            notes[name] = f"--{name} {said}"
+            continue
+        if name not in needed:
+            continue
+        dtype = features.probe_dtype(decl, backend, info.get("triton"))
+        if dtype is None:
+            notes[name] = f"not probed: no dtype this backend can judge for the kernel; declare --{name} yes"
+            continue
+        try:
+            ok, why = runner.call(PROBE, name, dtype, Conventions.of(decl))
+        except (Hung, Died, Raised) as exc:
+            how = {Hung: "hung", Died: "the worker died"}.get(type(exc), "raised")
+            ok, why = False, f"probed, {how}: {str(exc).splitlines()[0][:200]}; --{name} yes judges it anyway"
+        if ok:
+            have.add(name)
+        notes[name] = why or "probed"
+    return replace(caps, features=frozenset(have), notes=notes)
 
 
 def _runner(req, backend, env=None):
@@ -398,6 +443,7 @@ def run(req, on_result=None):
     try:
         info = _open(runners, spec)
         decl = _declarations(info, req.declarations)
+        info = dict(info, caps=support(runner, info, decl, backend, _needs(selected, examples)))
         if decl.head_dims and not any(decl.head_dim_ok(d) for d in range(1, 257)):
 
             raise UsageError(f"--head-dims {ranges_text(decl.head_dims)}: the head dims {ranges_text(decl.head_dims)} "

@@ -22,7 +22,7 @@ def strategy(decl, dtypes, backend, caps):
     return strategies.cases(
         causal=None if (decl.causal and caps.causal) else False, dtypes=dtypes, layouts=decl.layouts(),
         max_len=decl.max_seq, head_dim_ok=decl.head_dim_ok if decl.head_dims else None, backend=backend,
-        pin_blocks=caps.blocks, decl=decl, scale=caps.scale)
+        pin_blocks=caps.blocks, decl=decl, scale=caps.scale, features=caps.features)
 
 
 def _simpler(case, decl, dtypes):
@@ -30,7 +30,8 @@ def _simpler(case, decl, dtypes):
     def lengths(n, lo):
         return [x for x in dict.fromkeys(_fit(decl, m, lo) for m in (lo, 1, 2, n // 2, n - 1)) if x < n]
 
-    steps = [dict(B=1), dict(H=1), dict(magnitude=None), dict(data="randn", magnitude=None),
+    steps = [dict(B=1), dict(H=1, Hkv=None), dict(Hkv=None), dict(Dv=None), dict(window=None), dict(softcap=None),
+             dict(alibi=None), dict(magnitude=None), dict(data="randn", magnitude=None),
              dict(layout="contiguous"), dict(causal=False),
              dict(scale=None), dict(block_m=None, block_n=None), dict(dtype=dtypes[0]), dict(seed=0)]
     if decl.same_length:
@@ -159,5 +160,9 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
 
 def _example_name(prefix, case):
     """A generated case's name that says its shape, so that the table reads without the JSON."""
+    tags = "".join((f"_gqa{case.Hkv}" if case.Hkv is not None else "", f"_dv{case.Dv}" if case.Dv is not None else "",
+                    f"_window{case.window[0]}-{case.window[1]}" if case.window is not None else "",
+                    f"_softcap{case.softcap:g}" if case.softcap is not None else "",
+                    f"_alibi-{case.alibi}" if case.alibi is not None else ""))
     return (f"{prefix}_{case.B}x{case.H}x{case.Nq}x{case.Nk}x{case.D}_{case.dtype}"
-            + ("_causal" if case.causal else "") + ("" if case.layout == "contiguous" else f"_{case.layout}"))
+            + ("_causal" if case.causal else "") + ("" if case.layout == "contiguous" else f"_{case.layout}") + tags)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from flashcheck.cases import inputs as inp
-from flashcheck.cases import oracle
+from flashcheck.cases import features, oracle
 from flashcheck.cases.backend import backend, device
 from flashcheck.cases.case import Case
 from flashcheck.cases.declarations import Declarations
@@ -157,11 +157,30 @@ def _plain_call(kernel, case, caps):
     a read or write past an allocation is reported even when its value never reaches the output."""
     q, k, v = (t.to(device()).contiguous() for t in inp.values(case, device()))
     try:
-        kernel(q, k, v, **oracle.protocol_kwargs(case, caps))
+        kernel(q, k, v, **oracle.protocol_kwargs(case, caps, q.device))
         if q.is_cuda:
             torch.cuda.synchronize()
     except Exception:  # noqa: BLE001  (the guarded run already judged the kernel; memcheck says the rest)
         pass
+
+
+def probe_feature(kernel, name, dtype, conventions):
+    """(supported, why) for the shape-carried feature `name` (cases/features.py PROBED) on this kernel, from one
+    small case judged by the oracle (the engine asks it through the runner): a kernel that raises, declines,
+    returns the wrong shape or reads outside k and v lacks the feature (why says how); one whose answer comes back
+    finite and of the right shape has it (a wrong answer then fails the feature's cases)."""
+    case = features.probe_case(name, dtype)
+    verdict = oracle.judge(kernel, case, target="probe", conventions=conventions)
+    if verdict.status in ("pass", "inconclusive"):
+        return True, "probed"
+    if verdict.status == "fail" and str(verdict.kind) in ("mismatch", "lse", "hand value"):
+        return True, "probed: finite and of the right shape (its cases judge whether right)"
+    if verdict.failures:
+        first = verdict.failures[0]
+        kind, detail = str(first.kind), first.line()[len(str(first.kind)):].lstrip(" ;:")
+    else:
+        kind, detail = str(verdict.status), str(verdict.note or "")
+    return False, f"probed, {kind}: {detail[:200]}; --{name} yes judges it anyway"
 
 
 MEMORY_CASE = "memory_complexity"

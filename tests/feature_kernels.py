@@ -1,0 +1,61 @@
+"""Kernels for tests/test_features.py: plain PyTorch attention (fp32 scores, examples/plain_attention.py) with
+protocol v3's grouped-query heads done right, under the other head map, wrong, or refused, and with the
+log-sum-exp of an empty row under either convention, so that verify's discovery of features, its
+declarations and its verdicts on them can be told apart."""
+import math
+
+import torch
+
+from examples.plain_attention import matmul_softmax
+
+
+def _attend(q, k, v, causal, scale, kv_head, return_lse=False, empty_lse=-math.inf):
+    """Attention with query head h reading kv head kv_head(h, H, Hkv); the lse of a row that sees no key is
+    empty_lse."""
+    H, Hkv = q.shape[1], k.shape[1]
+    idx = torch.tensor([kv_head(h, H, Hkv) for h in range(H)], dtype=torch.long, device=k.device)
+    k, v = k.index_select(1, idx), v.index_select(1, idx)
+    out = matmul_softmax(q, k, v, causal=causal, scale=scale)
+    if not return_lse:
+        return out
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if causal:
+        Nq, Nk = q.shape[-2], k.shape[-2]
+        sees = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).tril(Nk - Nq)
+        s = s.masked_fill(~sees, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)              # -inf where a row sees no key
+    return out, torch.where(torch.isneginf(lse), torch.full_like(lse, empty_lse), lse)
+
+
+def grouped(q, k, v, *, causal=False, scale=None, return_lse=False):
+    """The protocol's head map, h // (H // Hkv)."""
+    return _attend(q, k, v, causal, scale, lambda h, H, Hkv: h // (H // Hkv), return_lse)
+
+
+def interleaved(q, k, v, *, causal=False, scale=None):
+    """The other head map, h % Hkv: right under --head-map interleaved, wrong under the protocol's."""
+    return _attend(q, k, v, causal, scale, lambda h, H, Hkv: h % Hkv)
+
+
+def group_counted_as_kv_heads(q, k, v, *, causal=False, scale=None):
+    """A bug: the group size taken as Hkv, h // Hkv, right only when H // Hkv == Hkv (as for the probe's 4 query
+    heads on 2 kv heads); elsewhere it reads the wrong kv head, or one past the last (an IndexError)."""
+    return _attend(q, k, v, causal, scale, lambda h, H, Hkv: h // Hkv)
+
+
+def heads_must_match(q, k, v, *, causal=False, scale=None):
+    """No GQA: k and v must have q's heads (as a kernel without the feature checks)."""
+    if k.shape[1] != q.shape[1]:
+        raise ValueError(f"k has {k.shape[1]} heads, q has {q.shape[1]}: this kernel needs them equal")
+    return matmul_softmax(q, k, v, causal=causal, scale=scale)
+
+
+def window_ignored(q, k, v, *, causal=False, scale=None, window=None):
+    """A bug: takes window= and ignores it."""
+    return grouped(q, k, v, causal=causal, scale=scale)
+
+
+def empty_lse_plus_inf(q, k, v, *, causal=False, scale=None, return_lse=False):
+    """Right, with FlashAttention's convention for the lse of a row that sees no key: +inf."""
+    return _attend(q, k, v, causal, scale, lambda h, H, Hkv: h // (H // Hkv), return_lse, math.inf)

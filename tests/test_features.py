@@ -1,0 +1,84 @@
+"""How verify learns protocol v3's optional features of a kernel (cases/features.py, docs/design.md) and what it
+does with them: a shape feature (GQA) found by its probe or declared, a keyword feature from the signature; a
+case of a feature the kernel lacks is skipped with the reason, never passed; a kernel that has a feature is
+judged on it, so a wrong head map fails even where the probe's shape hides it; the conventions real kernels
+disagree on (the head map, the lse of an empty row) are declarations that change the reference, not the
+verdict's strictness."""
+import pytest
+
+import flashcheck
+from tests import feature_kernels as fk
+
+GQA = "gqa_groups_of_three,gqa_groups_of_four_causal,mqa_decode"
+
+
+def _verify(kernel, only, **options):
+    return flashcheck.verify(kernel, only=only, dtypes="fp32", properties=False, **options)
+
+
+def _by_status(report):
+    out = {}
+    for r in report.results:
+        out.setdefault(r.status, []).append(r)
+    return out
+
+
+def test_a_kernel_that_refuses_grouped_heads_has_their_cases_skipped_not_passed():
+    report = _verify(fk.heads_must_match, GQA + ",causal_square")
+    got = _by_status(report)
+    assert [r.case.name for r in got["pass"]] == ["causal_square[fp32]"], str(report)
+    assert len(got["skip"]) == 3 and "fail" not in got, str(report)
+    for r in got["skip"]:
+        assert "lacks grouped-query heads" in r.reason and "probed, exception" in r.reason, r.reason
+    assert "gqa" not in report.run.caps.features
+    assert "GQA no (probed, exception" in str(report)
+    # declared, the feature is judged: the kernel's refusal is then a failure, not a skip
+    declared = _by_status(_verify(fk.heads_must_match, GQA, gqa="yes"))
+    assert len(declared.get("fail", [])) == 3 and "skip" not in declared
+
+
+def test_the_protocols_head_map_passes_and_the_interleaved_one_needs_its_declaration():
+    assert _verify(fk.grouped, GQA).exit_code == 0
+    wrong = _verify(fk.interleaved, GQA)
+    assert wrong.exit_code == 1
+    # groups of 3 and 4 tell the maps apart; MQA (one kv head) cannot, and passes under both
+    assert sorted(r.case.name for r in wrong.failures) == ["gqa_groups_of_four_causal[fp32]",
+                                                           "gqa_groups_of_three[fp32]"], str(wrong)
+    assert all(str(r.verdict.kind) == "mismatch" for r in wrong.failures)
+    assert _verify(fk.interleaved, GQA, head_map="interleaved").exit_code == 0
+    assert _verify(fk.grouped, "gqa_groups_of_three", head_map="interleaved").exit_code == 1
+
+
+def test_a_head_map_right_only_for_the_probes_shape_fails_the_feature_cases():
+    """The probe's 4 query heads on 2 kv heads cannot tell h // Hkv from h // (H // Hkv): the kernel is found to
+    have GQA, and the catalogue's groups of 3 and 4 and MQA fail it."""
+    report = _verify(fk.group_counted_as_kv_heads, GQA)
+    assert "gqa" in report.run.caps.features
+    assert len(report.failures) == 3, str(report)
+
+
+def test_declared_without_grouped_heads_skips_them_with_the_declaration():
+    got = _by_status(_verify(fk.grouped, GQA + ",causal_square", gqa="no"))
+    assert len(got["skip"]) == 3 and len(got["pass"]) == 1
+    assert all("(--gqa no)" in r.reason for r in got["skip"])
+
+
+def test_a_keyword_feature_comes_from_the_signature():
+    got = _by_status(_verify(fk.grouped, "window_diagonal_only,window_hand_4x4,causal_square"))
+    assert len(got["skip"]) == 2 and len(got["pass"]) == 1
+    assert all("the signature has no window=" in r.reason for r in got["skip"])
+    # a kernel that takes window= is judged on it: one that ignores it fails both
+    ignored = _verify(fk.window_ignored, "window_diagonal_only,window_hand_4x4")
+    assert len(ignored.failures) == 2, str(ignored)
+
+
+@pytest.mark.parametrize("kernel, declared, passes", [
+    (fk.grouped, None, True), (fk.empty_lse_plus_inf, None, False),
+    (fk.empty_lse_plus_inf, "+inf", True), (fk.grouped, "+inf", False)])
+def test_the_lse_of_an_empty_row_is_a_declared_convention(kernel, declared, passes):
+    options = {} if declared is None else {"empty_lse": declared}
+    report = _verify(kernel, "causal_nq_gt_nk", **options)
+    assert report.passed == passes, str(report)
+    if not passes:
+        assert str(report.failures[0].verdict.kind) == "lse", str(report)
+        assert "the row sees no key" in str(report), str(report)
