@@ -8,7 +8,15 @@ the worker exits, and pytest-xdist replaces it with a fresh one, so the tests th
 """
 import os
 
-from flashcheck.cases.backend import select_backend
+# under pytest-xdist each worker, and what it starts (verify's worker processes), gets its share of the host's
+# cores: N workers each running one OpenMP thread per core oversubscribe the machine (2 cores, the fp16 and bf16
+# tolerance tests under -n 2: 110 s, and 70 s with one thread each). Set before torch is imported.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ["OMP_NUM_THREADS"] = str(max(1, _cores // _WORKERS))
+
+from flashcheck.cases.backend import select_backend  # noqa: E402
 
 BACKEND = select_backend()
 

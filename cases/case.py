@@ -58,6 +58,10 @@ class Case:
     window: tuple = None         # (left, right), each None (unbounded) or an int >= 0, bottom-right aligned
     softcap: float = None        # c > 0: scores become c tanh(s / c)
     alibi: str = None            # ALiBi slopes: "heads" ((H,): the geometric slopes) or "batch_heads" ((B, H))
+    # packed sequences and paged caches (cases/protocols.py): judged on varlen and paged kernels only
+    seqlens: tuple = None        # ((Nq, Nk), ...) per sequence, zero lengths legal; B, Nq, Nk follow (count, longest)
+    page_size: int = None        # a paged kernel's page size (None: protocols.DEFAULT_PAGE)
+    max_seqlen_extra: int = 0    # max_seqlen_q/k passed this much above the longest sequence (a bound, not a length)
 
     def __post_init__(self):
         if self.dtype not in DTYPES and self.dtype not in EXPANSIONS:
@@ -85,6 +89,19 @@ class Case:
             raise ValueError(f"case {self.name}: softcap must be > 0")
         if self.alibi not in (None, "heads", "batch_heads"):
             raise ValueError(f"case {self.name}: alibi must be None, 'heads' or 'batch_heads'")
+        if self.seqlens is not None:
+            pairs = tuple(tuple(p) for p in self.seqlens)
+            if not pairs or any(len(p) != 2 or any(not isinstance(n, int) or n < 0 for n in p) for p in pairs):
+                raise ValueError(f"case {self.name}: seqlens must be ((Nq, Nk), ...), each length an int >= 0")
+            object.__setattr__(self, "seqlens", pairs)
+            # the count and the longest sequence: what footprints, declarations and reports read
+            object.__setattr__(self, "B", len(pairs))
+            object.__setattr__(self, "Nq", max(p[0] for p in pairs))
+            object.__setattr__(self, "Nk", max(1, max(p[1] for p in pairs)))
+        if self.page_size is not None and (not isinstance(self.page_size, int) or self.page_size < 1):
+            raise ValueError(f"case {self.name}: page_size must be an int >= 1")
+        if self.max_seqlen_extra < 0:
+            raise ValueError(f"case {self.name}: max_seqlen_extra must be >= 0")
 
     @property
     def kv_heads(self):

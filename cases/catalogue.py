@@ -308,8 +308,75 @@ CATALOGUE = [
          B=2, H=3, Nq=19, Nk=23, D=16, layout="gapped", dtype="half", seed=69),
 ]
 
-BY_NAME = {c.name: c for c in CATALOGUE}
-assert len(BY_NAME) == len(CATALOGUE), "catalogue names must be unique"
+# ---- packed sequences and paged KV caches (cases/protocols.py): judged only on a varlen or paged kernel, each
+# sequence by the dense oracle among the others; a paged kernel takes the cases whose sequences share Nq ----
+_EVERY_FIFTH = tuple((0, 0) if i % 5 == 0 else (i + 2, 3 * i % 11 + 1) for i in range(16))
+PACKED = [
+    Case("varlen_empty_sequences",
+         why="zero-length sequences at the start, in the middle (no queries, no keys, both) and at the end: stores "
+             "bounded by the padded total write into the next sequence, and a program of an empty sequence must "
+             "still leave the others alone",
+         H=2, D=16, seqlens=((0, 5), (7, 9), (0, 0), (6, 0), (13, 11), (0, 4)), seed=120),
+    Case("varlen_empty_sequences_causal",
+         why="the same, causal: the bottom-right diagonal of each sequence (Nk_b - Nq_b), and rows of a sequence "
+             "with no keys give 0 (lse -inf), never NaN and never the next sequence's keys",
+         H=2, D=16, causal=True, seqlens=((0, 5), (7, 9), (0, 0), (6, 0), (13, 11), (0, 4)), seed=121),
+    Case("varlen_every_fifth_empty",
+         why="16 sequences, every fifth empty, the others short and of unrelated lengths: per-sequence offsets "
+             "read from cu_seqlens, never computed from the program id and a padded length",
+         H=3, D=16, causal=True, seqlens=_EVERY_FIFTH, seed=122),
+    Case("varlen_one_row",
+         why="sequences of one query (decode-like) against 1, 17 and no keys, causal: the last query row of each "
+             "sequence sees all of its keys",
+         H=2, D=32, causal=True, seqlens=((1, 1), (1, 17), (1, 0), (1, 1)), seed=123),
+    Case("varlen_block_edges",
+         why="lengths one below, at and one above the block edges (16, 64, 128): a key tile that crosses into the "
+             "next sequence must be masked by this sequence's key count, not the packed total",
+         H=2, D=16, seqlens=((15, 17), (16, 16), (17, 15), (63, 65), (64, 64), (65, 129), (128, 127)), seed=124),
+    Case("varlen_block_edges_causal",
+         why="the same edges, causal: the causal block past the diagonal still masks by the key count, or it reads "
+             "the next sequence's keys",
+         H=2, D=16, causal=True, seqlens=((127, 128), (129, 128), (65, 64), (64, 65), (17, 16)), seed=125),
+    Case("varlen_cross_causal",
+         why="Nq != Nk inside each sequence, both ways, causal: the diagonal offset is per sequence (Nk_b - Nq_b), "
+             "not the offset of the longest sequences or of the packed totals",
+         H=2, D=16, causal=True, seqlens=((3, 20), (20, 3), (17, 40), (40, 17)), seed=126),
+    Case("varlen_long_beside_short",
+         why="one long sequence among many short ones: a kernel that sizes its grid or its lse scratch from one "
+             "sequence, or rounds each to its block size, overwrites its neighbours",
+         H=2, D=16, seqlens=((300, 300), (1, 1), (2, 3), (3, 2), (1, 1), (5, 8)), seed=127),
+    Case("varlen_max_seqlen_larger",
+         why="max_seqlen_q and max_seqlen_k given 37 larger than the longest sequence (legal: they are bounds): a "
+             "kernel that takes them as the lengths reads past every sequence",
+         H=2, D=16, causal=True, seqlens=((10, 12), (31, 29), (4, 9)), max_seqlen_extra=37, seed=128),
+    Case("varlen_gqa_window_softcap",
+         why="GQA (6 on 2), a sliding window (8, 0) and softcap 5 in packed sequences of different lengths: the "
+             "features' offsets count inside each sequence",
+         H=6, Hkv=2, D=16, window=(8, 0), softcap=5.0, seqlens=((9, 30), (30, 9), (0, 7), (17, 17)), seed=129),
+    Case("paged_page_size_1",
+         why="a paged cache of one-slot pages (every key its own page, the pages shuffled in a pool three times "
+             "larger, unused pages NaN): the block-table lookup for every key",
+         H=2, D=16, causal=True, seqlens=((4, 9), (4, 0), (4, 33)), page_size=1, seed=130),
+    Case("paged_decode_page_16",
+         why="decode (one query) over pages of 16 with cache lengths 15, 16, 17 and 100: the last page partly "
+             "filled, its unused slots NaN, and the block-table entry past the last page points at a NaN page",
+         H=4, Hkv=2, D=32, causal=True, seqlens=((1, 15), (1, 16), (1, 17), (1, 100)), page_size=16, seed=131),
+    Case("paged_page_128",
+         why="pages of 128 with lengths 127, 129 and 300 (a page crossed mid-tile, lengths past two pages)",
+         H=2, D=16, causal=True, seqlens=((2, 127), (2, 129), (2, 300)), page_size=128, seed=132),
+    Case("paged_odd_page_size",
+         why="pages of 7 slots, not a power of two and not a multiple of any tile: every tile crosses a page "
+             "boundary, so a kernel that maps a whole tile through one table entry reads the wrong page",
+         H=2, D=16, causal=True, seqlens=((3, 20), (3, 7), (3, 1), (3, 50)), page_size=7, seed=133),
+    Case("paged_at_capacity",
+         why="cache lengths that fill their last page to its last slot (32 and 48 keys in pages of 16): the bound "
+             "of the last page is its size, not one less",
+         H=2, D=16, seqlens=((2, 32), (2, 48)), page_size=16, seed=134),
+]
+PACKED_NAMES = frozenset(c.name for c in PACKED)
+
+BY_NAME = {c.name: c for c in CATALOGUE + PACKED}
+assert len(BY_NAME) == len(CATALOGUE) + len(PACKED), "catalogue names must be unique"
 for _entry in CATALOGUE:
     check_points(_entry)
 

@@ -32,10 +32,10 @@ def add_arguments(parser):
 
 
 def run(args):
-    for c in catalogue.CATALOGUE:
+    for c in catalogue.CATALOGUE + catalogue.PACKED:
         if args.gpu_only and not c.gpu_only:
             continue
-        tag = " [gpu]" if c.gpu_only else ""
+        tag = (" [gpu]" if c.gpu_only else "") + (" [varlen, paged kernels]" if c.name in catalogue.PACKED_NAMES else "")
         print(f"{c.name}{tag}  ({', '.join(i.name for i in c.instances())})\n    {c.source()}\n    why: {c.why}")
     return 0
 

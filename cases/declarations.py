@@ -24,6 +24,7 @@ ALIGNS = ("bottom-right", "top-left")
 SUPPORT = ("auto", "yes", "no")
 HEAD_MAPS = ("grouped", "interleaved")
 EMPTY_LSE = ("-inf", "+inf")
+PROTOCOLS = ("auto", "dense", "varlen", "paged")
 STRIDES = ("any", "last-dim-contiguous", "aligned", "contiguous")
 ATTRIBUTE = "flashcheck_declarations"
 # layouts of cases/inputs.py whose every tensor has a unit stride along the head dim ("mixed" holds a
@@ -144,6 +145,10 @@ FIELDS = (
     Field("head_map", "--head-map", _choice("head_map", HEAD_MAPS), "grouped",
           "which kv head query head h reads: grouped, h // (H // Hkv) (FlashAttention, SDPA's enable_gqa; the "
           "protocol), or interleaved, h mod Hkv", "grouped|interleaved"),
+    Field("protocol", "--protocol", _choice("protocol", PROTOCOLS), "auto",
+          "the calling protocol: dense, varlen (q, k, v, cu_seqlens_q, cu_seqlens_k: packed sequences) or paged "
+          "(q, k_cache, v_cache, block_table, cache_seqlens); auto (the default) reads it off the signature's names",
+          "auto|dense|varlen|paged"),
     Field("empty_lse", "--empty-lse", _choice("empty_lse", EMPTY_LSE), "-inf",
           "the log-sum-exp of a row that sees no key: -inf (the protocol; on a command line --empty-lse=-inf, "
           "since a bare -inf reads as an option) or +inf (FlashAttention's kernels)", "-inf|+inf"),
@@ -169,6 +174,7 @@ class Declarations:
     dv: str = "auto"
     head_map: str = "grouped"
     empty_lse: str = "-inf"
+    protocol: str = "auto"
     given: tuple = field(default=(), compare=False)   # the names declared (not left at their default)
 
     @classmethod
@@ -239,7 +245,8 @@ class Declarations:
         why = []
         if case.causal and not self.causal:
             why.append("causal (--no-causal)")
-        if case.causal and self.causal_same_length and case.Nq != case.Nk:
+        pairs = case.seqlens or [(case.Nq, case.Nk)]
+        if case.causal and self.causal_same_length and any(nq != nk for nq, nk in pairs):
             why.append(f"causal with Nq = {case.Nq} != Nk = {case.Nk} (--causal-same-length)")
         if self.dtypes is not None and case.dtype not in self.dtypes:
             why.append(f"dtype {case.dtype} (--dtypes {','.join(self.dtypes)})")
@@ -251,15 +258,21 @@ class Declarations:
             why.append(f"Hkv = {case.kv_heads} < H = {case.H} (--gqa no)")
         if self.dv == "no" and case.v_dim != case.D:
             why.append(f"Dv = {case.v_dim} != D = {case.D} (--dv no)")
-        if self.same_length and case.Nq != case.Nk:
-            why.append(f"Nq = {case.Nq} != Nk = {case.Nk} (--same-length)")
-        for name, n in (("Nq", case.Nq), ("Nk", case.Nk)):
-            if n < self.min_seq:
-                why.append(f"{name} = {n} < --min-seq {self.min_seq}")
-            elif self.max_seq is not None and n > self.max_seq:
-                why.append(f"{name} = {n} > --max-seq {self.max_seq}")
-            elif n % self.seq_multiple:
-                why.append(f"{name} = {n} not a multiple of --seq-multiple {self.seq_multiple}")
+        # the lengths of every sequence of a packed case (cases/protocols.py), or the case's own
+        before = len(why)
+        for at, (nq, nk) in ([(f" (sequence {i})", p) for i, p in enumerate(case.seqlens)] if case.seqlens
+                             else [("", (case.Nq, case.Nk))]):
+            if len(why) > before:
+                break          # the first sequence that is excluded says enough
+            if self.same_length and nq != nk:
+                why.append(f"Nq = {nq} != Nk = {nk}{at} (--same-length)")
+            for name, n in (("Nq", nq), ("Nk", nk)):
+                if n < self.min_seq:
+                    why.append(f"{name} = {n}{at} < --min-seq {self.min_seq}")
+                elif self.max_seq is not None and n > self.max_seq:
+                    why.append(f"{name} = {n}{at} > --max-seq {self.max_seq}")
+                elif n % self.seq_multiple:
+                    why.append(f"{name} = {n}{at} not a multiple of --seq-multiple {self.seq_multiple}")
         if case.layout not in self.layouts():
             why.append(f"layout {case.layout} (--strides {self.strides})")
         elif self.strides == "aligned":

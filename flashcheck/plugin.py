@@ -235,6 +235,9 @@ class _State:
         self.info = self.runner.open(req.target)
         self.kernel = self.runner.target
         self.decl = engine._declarations(self.info, req.declarations)
+        # the probed features and the protocol, as verify finds them
+        self.info, selected = engine.prepare(req, self.runner, self.info, self.decl, self.backend, selected,
+                                             req.examples or 0)
         self.settings = Settings(target=req.target, decl=self.decl, properties=req.properties, repeat=req.repeat)
         return engine.plan(selected, instance_names, excluded, self.decl, self.info, self.backend, req.max_memory)
 

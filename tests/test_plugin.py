@@ -208,3 +208,11 @@ def test_help_lists_every_declaration(repo):
     assert proc.returncode == 0, explain(proc)
     flags = [f"--flashcheck-{f.flag[2:]}" for f in FIELDS]
     assert [f for f in flags if f not in proc.output] == [], explain(proc)
+
+
+def test_a_varlen_kernel_gets_the_packed_entries_and_the_dense_ones(repo):
+    shutil.copy(ROOT / "examples" / "varlen_attention.py", repo / "varlen_attention.py")
+    proc = pytest_in(repo, "--flashcheck=varlen_attention.py:attention_varlen", "-v", "--flashcheck-dtypes", "fp32",
+                     "--flashcheck-only", "varlen_empty_sequences,paged_odd_page_size,causal_square")
+    assert proc.returncode == 0, explain(proc)
+    assert set(outcomes(proc.output).values()) == {"PASSED"} and "3 passed" in proc.output, explain(proc)

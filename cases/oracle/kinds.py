@@ -26,6 +26,7 @@ class Kind(str, enum.Enum):
     NONDETERMINISTIC = ("nondeterministic", "Q", "identical calls gave different bits (--repeat)")
     MEMCHECK = ("memcheck", "K", "compute-sanitizer memcheck reported an error (--sanitize)")
     MEMORY = ("memory complexity", "Y", "extra memory grows like Nq x Nk in a kernel declared --fused")
+    LEAK = ("leak", "S", "a sequence's output changed when another sequence's inputs did (varlen, paged)")
 
     def __new__(cls, value, code, meaning):
         obj = str.__new__(cls, value)

@@ -144,6 +144,8 @@ def call_kernel(kernel, case, caps, qkv, device, guard_fill=float("nan"), measur
         result = kernel(g.q.t, g.k.t, g.v.t, **kwargs)
         if cuda:
             torch.cuda.synchronize()
+    except RunFailed:
+        raise          # an adapter's own finding (cases/protocols.py: a packed guard, a packed shape)
     except Exception as exc:  # noqa: BLE001  (the kernel under test may raise anything)
         # NotImplementedError (flashcheck.Unsupported is one) declines the input, also when a compiler wraps it
         # (torch.compile's "NYI: ..." inside an InductorError)

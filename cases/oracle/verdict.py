@@ -27,6 +27,7 @@ class Capabilities:
     scale: bool = True         # the signature takes scale=
     features: frozenset = frozenset()   # the optional features it has (cases/features.py names)
     notes: dict = None                  # feature -> how its support (or its lack) was found out, when probed
+    protocol: str = "dense"             # dense, varlen or paged (cases/protocols.py): the signature's or declared
 
     @classmethod
     def of(cls, kernel):
@@ -38,7 +39,9 @@ class Capabilities:
         return cls(out="out" in params, lse="return_lse" in params,
                    blocks="block_m" in params and "block_n" in params,
                    causal=var_kw or "causal" in params, scale=var_kw or "scale" in params,
-                   features=features.from_signature(params))
+                   features=features.from_signature(params),
+                   # the calling protocol by its positional arguments' names (cases/protocols.py; --protocol)
+                   protocol="varlen" if "cu_seqlens_q" in params else "paged" if "block_table" in params else "dense")
 
 
 @dataclass

@@ -176,7 +176,10 @@ def outcome_lines(run):
 def capabilities_line(run):
     c = run.caps
     yes = {True: "yes", False: "no"}
-    line = (f"capabilities: out= {yes[c.out]}, return_lse= {yes[c.lse]}"
+    protocol = getattr(c, "protocol", "dense")
+    line = ("capabilities: " + (f"protocol {protocol} (each sequence judged as a dense case; leak check), "
+                                if protocol != "dense" else "")
+            + f"out= {yes[c.out]}, return_lse= {yes[c.lse]}"
             + ("" if c.lse else " (log-sum-exp not checked)")
             + f", block_m/block_n {yes[c.blocks]}" + ("" if c.blocks else " (cases' block pins not passed)"))
     if not c.causal:

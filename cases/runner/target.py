@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashcheck.cases import backend, oracle
+from flashcheck.cases import backend, oracle, protocols
 from flashcheck.cases.declarations import ATTRIBUTE
 
 _FLASHCHECK_HOME = os.path.dirname(os.path.dirname(importlib.util.find_spec("flashcheck").origin))
@@ -121,22 +121,38 @@ def _load_made(spec):
         raise TargetError(f"{spec.name} could not be loaded: {type(exc).__name__}: {exc}") from None
 
 
-PROTOCOL = "attention(q, k, v, *, causal=False, scale=None) -> out"
-
-
 def check_signature(kernel, name):
-    """A kernel must take q, k, v positionally. causal= and scale= are optional: a kernel without them is
-    judged on the cases that need neither (reported as skipped: the signature has no causal=/scale=)."""
+    """A kernel must take its protocol's tensors positionally (q, k, v; varlen and paged: cases/protocols.py).
+    causal= and scale= are optional: a kernel without them is judged on the cases that need neither (reported as
+    skipped: the signature has no causal=/scale=)."""
     try:
         sig = inspect.signature(kernel)
     except (TypeError, ValueError):
         return    # a builtin or C extension: nothing to check before calling it
+    protocol = oracle.Capabilities.of(kernel).protocol
+    args = protocols.POSITIONAL[protocol]
+    if protocol == protocols.DENSE and positional(kernel)[0] == len(POSITIONAL_PACKED):
+        return     # five tensors under other names: a varlen or paged kernel that declares it (--protocol)
     try:
-        sig.bind(None, None, None)
+        sig.bind(*([None] * len(args)))
     except TypeError as exc:
-        raise TargetError(f"{name}{sig} cannot be called as {name.rpartition(':')[2]}(q, k, v): {exc}. flashcheck "
-                          f"judges kernels of the protocol {PROTOCOL}; wrap yours in a function of that "
-                          "signature (examples/sdpa_attention.py shows one)") from None
+        raise TargetError(f"{name}{sig} cannot be called as {name.rpartition(':')[2]}({', '.join(args)}): {exc}. "
+                          f"flashcheck judges kernels of the protocol {protocols.CALL[protocol]}; wrap yours in a "
+                          "function of that signature (examples/sdpa_attention.py shows one)") from None
+
+
+POSITIONAL_PACKED = protocols.POSITIONAL[protocols.VARLEN]
+
+
+def positional(kernel):
+    """(required, most) positional arguments of the kernel's signature (most None: *args); (None, None) unknown."""
+    try:
+        params = inspect.signature(kernel).parameters.values()
+    except (TypeError, ValueError):
+        return None, None
+    pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = sum(p.default is p.empty for p in pos)
+    return required, None if any(p.kind is p.VAR_POSITIONAL for p in params) else len(pos)
 
 
 def _import_file(path):
@@ -189,7 +205,8 @@ def target_info(kernel):
     if backend.backend() == "gpu":
 
         device_free = torch.cuda.mem_get_info()[0]
-    return {"caps": oracle.Capabilities.of(kernel), "describe": backend.describe(), "backend": backend.backend(),
+    return {"caps": oracle.Capabilities.of(kernel), "positional": positional(kernel),
+            "describe": backend.describe(), "backend": backend.backend(),
             "triton": uses_triton(kernel), "declarations": dict(own), "device_free": device_free,
             "host_free": host}
 

@@ -11,7 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from flashcheck.cases import catalogue, features, report
+from flashcheck.cases import catalogue, features, protocols, report
 from flashcheck.cases.backend import backend as active_backend
 from flashcheck.cases.case import Case, parse_case
 from flashcheck.cases.declarations import BY_NAME, DeclarationError, Declarations, ranges_text
@@ -137,7 +137,7 @@ def select(req):
         raise UsageError(f"--only: no catalogue case named {', '.join(unknown)} (see `flashcheck cases`)")
     picked = []
     if names or keywords or not req.cases:
-        for c in catalogue.CATALOGUE:
+        for c in catalogue.CATALOGUE + catalogue.PACKED:
             if (not names and not keywords) or c.name in bases or any(k in c.name for k in keywords):
                 picked.append((c, "catalogue"))
         if not picked:
@@ -168,6 +168,9 @@ def skip_reason(case, decl, info, backend, max_memory=None):
     absent = features.missing(case, caps)
     if absent:
         return "the kernel lacks " + "; ".join(absent), "feature absent"
+    other = protocols.skip_reason(case, caps.protocol)
+    if other:
+        return other, "protocol"
     if case.gpu_only and backend != "gpu":
         return f"GPU only: {case.gpu_only}", "GPU only"
     if case.dtype == "bf16" and backend != "gpu" and info.get("triton"):
@@ -216,6 +219,8 @@ def _projected(case, reason, decl, info, backend, max_memory):
         why, group = skip_reason(candidate, decl, info, backend, max_memory)
         return [why] if group == "not declared" else []
 
+    if case.seqlens is not None:
+        return case, f"{reason}; a packed case is not projected (its sequences' lengths are its point)", "not declared"
     projected, why = project(case, decl, admissible)
     if projected is None:
         return case, f"{reason}; {why}", "not declared"
@@ -272,6 +277,8 @@ def support(runner, info, decl, backend, needed):
     where it says nothing and the run may meet them, probed with one small case each in the runner (a kernel that
     raises, declines, returns the wrong shape or reads outside k and v has not got it)."""
     caps = info["caps"]
+    if decl.protocol != "auto":
+        caps = replace(caps, protocol=decl.protocol)
     have, notes = set(caps.features), {}
     for name in features.PROBED:
         said = getattr(decl, name)
@@ -287,7 +294,7 @@ def support(runner, info, decl, backend, needed):
             notes[name] = f"not probed: no dtype this backend can judge for the kernel; declare --{name} yes"
             continue
         try:
-            ok, why = runner.call(PROBE, name, dtype, Conventions.of(decl))
+            ok, why = runner.call(PROBE, name, dtype, Conventions.of(decl), caps.protocol)
         except (Hung, Died, Raised) as exc:
             how = {Hung: "hung", Died: "the worker died"}.get(type(exc), "raised")
             ok, why = False, f"probed, {how}: {str(exc).splitlines()[0][:200]}; --{name} yes judges it anyway"
@@ -295,6 +302,34 @@ def support(runner, info, decl, backend, needed):
             have.add(name)
         notes[name] = why or "probed"
     return replace(caps, features=frozenset(have), notes=notes)
+
+
+def prepare(req, runner, info, decl, backend, selected, examples):
+    """(info, selected) once the kernel is open: its capabilities with the probed features and its protocol
+    (support), the protocol checked against its signature, and for a dense kernel the packed entries left out of
+    the selection unless named (--only). verify and the pytest plugin both start so."""
+    info = dict(info, caps=support(runner, info, decl, backend, _needs(selected, examples)))
+    _check_protocol(info, _name(req.target))
+    if info["caps"].protocol == protocols.DENSE:
+        named = {n.strip().partition("[")[0] for text in req.only for n in str(text).split(",")}
+        selected = [(c, o) for c, o in selected
+                    if not (o == "catalogue" and c.name in catalogue.PACKED_NAMES and c.name not in named)]
+    return info, selected
+
+
+def _check_protocol(info, name):
+    """A usage error when the kernel's positional arguments cannot be its protocol's (a varlen kernel whose offsets
+    have other names, judged as dense, would fail every case on a missing argument)."""
+    protocol = info["caps"].protocol
+    required, most = info.get("positional") or (None, None)
+    n = len(protocols.POSITIONAL[protocol])
+    if required is None:
+        return
+    if required > n or (most is not None and most < n):
+        hint = ("; a varlen or paged kernel whose arguments have other names declares --protocol varlen or paged"
+                if protocol == protocols.DENSE else "")
+        raise UsageError(f"{name} takes {required} positional argument(s) (at most {most}); the {protocol} protocol "
+                         f"passes {n}: {protocols.CALL[protocol]}{hint}")
 
 
 def _runner(req, backend, env=None):
@@ -443,7 +478,7 @@ def run(req, on_result=None):
     try:
         info = _open(runners, spec)
         decl = _declarations(info, req.declarations)
-        info = dict(info, caps=support(runner, info, decl, backend, _needs(selected, examples)))
+        info, selected = prepare(req, runner, info, decl, backend, selected, examples)
         if decl.head_dims and not any(decl.head_dim_ok(d) for d in range(1, 257)):
 
             raise UsageError(f"--head-dims {ranges_text(decl.head_dims)}: the head dims {ranges_text(decl.head_dims)} "

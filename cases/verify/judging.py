@@ -12,13 +12,14 @@ from dataclasses import dataclass
 import torch
 
 from flashcheck.cases import inputs as inp
-from flashcheck.cases import features, oracle
+from flashcheck.cases import features, oracle, protocols
 from flashcheck.cases.backend import backend, device
 from flashcheck.cases.case import Case
 from flashcheck.cases.declarations import Declarations
 from flashcheck.cases.generate import properties
 from flashcheck.cases.generate.strategies import _fit
 from flashcheck.cases.oracle import Failure, Kind, diagnose
+from flashcheck.cases.verify import packed
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,12 @@ def big(case):
 
 
 def judge_case(kernel, case, settings):
-    """The Verdict of one case; nothing raised here escapes (a kernel can surprise the oracle)."""
+    """The Verdict of one case; nothing raised here escapes (a kernel can surprise the oracle). A varlen or paged
+    kernel has each sequence of the case judged as a dense case, through its adapter (cases/verify/packed.py)."""
     try:
+        protocol = protocols.of_kernel(kernel, settings.decl)
+        if protocol != protocols.DENSE:
+            return packed.judge(kernel, protocol, case, settings, _judge)
         return _judge(kernel, case, settings)
     except (Exception, SystemExit) as exc:  # noqa: BLE001
         verdict = oracle.Verdict(case, settings.target)
@@ -51,10 +56,10 @@ def judge_case(kernel, case, settings):
         return verdict
 
 
-def _judge(kernel, case, settings):
+def _judge(kernel, case, settings, kept=None):
     conventions = oracle.Conventions.of(settings.decl)
     caps = oracle.Capabilities.of(kernel)
-    kept = {}
+    kept = {} if kept is None else kept
     verdict = oracle.judge(kernel, case, target=settings.target, caps=caps, conventions=conventions,
                            measure=backend() == "gpu", keep=kept)
     if verdict.status in ("pass", "inconclusive"):
@@ -164,12 +169,14 @@ def _plain_call(kernel, case, caps):
         pass
 
 
-def probe_feature(kernel, name, dtype, conventions):
+def probe_feature(kernel, name, dtype, conventions, protocol=protocols.DENSE):
     """(supported, why) for the shape-carried feature `name` (cases/features.py PROBED) on this kernel, from one
     small case judged by the oracle (the engine asks it through the runner): a kernel that raises, declines,
     returns the wrong shape or reads outside k and v lacks the feature (why says how); one whose answer comes back
     finite and of the right shape has it (a wrong answer then fails the feature's cases)."""
     case = features.probe_case(name, dtype)
+    if protocol != protocols.DENSE:
+        kernel = protocols.Packed(kernel, protocol, case, 0)
     verdict = oracle.judge(kernel, case, target="probe", conventions=conventions)
     if verdict.status in ("pass", "inconclusive"):
         return True, "probed"
@@ -202,13 +209,16 @@ def memory_probe(kernel, case, settings):
     """The --fused check: the kernel's own device memory (beyond its inputs and output) at Nq = Nk = N and at
     N / 2. It fails as "memory complexity" when it is at least a quarter byte per score at N and grew about
     fourfold from N / 2: the scores are materialised."""
-    caps = oracle.Capabilities.of(kernel)
+    protocol = protocols.of_kernel(kernel, settings.decl)
     verdict = oracle.Verdict(case, settings.target)
     half = case.replace(Nq=max(case.Nq // 2, 1), Nk=max(case.Nk // 2, 1))
     peaks = []
     for c in (half, case):
+        # a varlen or paged kernel through its adapter, whose packed copies grow like the sequence, not its square
+        fn = kernel if protocol == protocols.DENSE else protocols.Packed(kernel, protocol, c, 0)
+        caps = oracle.Capabilities.of(fn)
         try:
-            call = oracle.call_kernel(kernel, c, caps, inp.values(c, device()), device(), measure=True)
+            call = oracle.call_kernel(fn, c, caps, inp.values(c, device()), device(), measure=True)
         except oracle.RunFailed as stop:
             verdict.fail(stop.failure)
             return verdict

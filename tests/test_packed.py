@@ -1,0 +1,81 @@
+"""The varlen and paged protocols (cases/protocols.py, cases/verify/packed.py): a correct kernel of each passes the
+packed entries and the dense catalogue replayed through it; each bug of tests/packed_kernels.py fails, named by its
+sequence; the leak check catches a leak the reference cannot see; a dense kernel is never handed a packed case; a
+kernel whose arguments have other names declares its protocol."""
+import pytest
+
+import flashcheck
+from flashcheck.cases import catalogue
+from flashcheck.cases.errors import UsageError
+from tests import packed_kernels as pk
+
+PACKED = ",".join(sorted(catalogue.PACKED_NAMES - {"varlen_gqa_window_softcap"}))
+DENSE = "hand_one_query_two_keys,causal_nq_gt_nk,partial_last_key_block,gqa_groups_of_three,dv_larger_odd_causal"
+
+
+def _verify(kernel, only, dtypes="fp32", **options):
+    return flashcheck.verify(kernel, only=only, dtypes=dtypes, **options)
+
+
+def _statuses(report):
+    return {r.case.name: r.status for r in report.results}
+
+
+@pytest.mark.parametrize("kernel, protocol", [(pk.attention_varlen, "varlen"), (pk.attention_paged, "paged")])
+def test_correct_kernels_pass_the_packed_entries_and_the_replayed_catalogue(kernel, protocol):
+    report = _verify(kernel, PACKED + "," + DENSE, dtypes="fp32,fp16")
+    assert report.exit_code == 0, str(report)
+    assert report.run.caps.protocol == protocol
+    got = _statuses(report)
+    for name in DENSE.split(","):          # the dense entries, each batch a sequence
+        assert got[f"{name}[fp32]"] == "pass", str(report)
+    judged = {n.partition("[")[0] for n, s in got.items() if s == "pass"}
+    if protocol == "varlen":
+        assert judged >= set(PACKED.split(",")), str(report)
+    else:   # a paged call has one Nq: the varlen entries of different query lengths are skipped, with the reason
+        skipped = [r for r in report.results if r.status == "skip"]
+        assert skipped and all("a paged call has one Nq" in r.reason for r in skipped), str(report)
+        assert {n for n in PACKED.split(",") if n.startswith("paged_")} <= judged, str(report)
+
+
+@pytest.mark.parametrize("kernel, case, kind", [
+    (pk.reads_one_key_past_its_sequence, "varlen_block_edges", "mismatch"),
+    (pk.max_seqlen_as_length, "varlen_max_seqlen_larger", "mismatch"),
+    (pk.empty_sequence_writes_next, "varlen_empty_sequences", "mismatch"),
+    (pk.causal_from_packed_totals, "varlen_cross_causal", "mismatch"),
+    (pk.pages_assumed_contiguous, "paged_decode_page_16", "NaN"),
+    (pk.block_table_row_stride_off_by_one, "paged_page_size_1", "NaN"),
+    (pk.reads_whole_last_page, "paged_odd_page_size", "NaN"),
+], ids=lambda x: getattr(x, "__name__", None) if callable(x) else None)
+def test_each_packed_bug_fails_its_case_naming_the_sequence(kernel, case, kind):
+    report = _verify(kernel, case)
+    assert report.exit_code == 1, str(report)
+    failure = report.failures[0]
+    assert str(failure.verdict.kind) == kind, str(report)
+    first = failure.verdict.failures[0]
+    assert first.message.startswith("sequence "), first.message
+    assert first.where[0] == int(first.message.split()[1]), first.line()   # b is the sequence
+
+
+def test_the_leak_check_sees_a_leak_the_reference_cannot():
+    """1e-4 of the next sequence's mean value: within fp16's tolerance on ordinary values (the reference passes
+    it), not when the other sequences' values are near 500."""
+    report = _verify(pk.leaks_a_little, "varlen_block_edges", dtypes="fp16", properties=False)
+    assert report.exit_code == 1, str(report)
+    verdict = report.failures[0].verdict
+    assert str(verdict.kind) == "leak" and "the other sequences' keys and values" in verdict.failures[0].message
+    assert _verify(pk.attention_varlen, "varlen_block_edges", dtypes="fp16", properties=False).exit_code == 0
+
+
+def test_a_dense_kernel_is_never_given_a_packed_case():
+    with pytest.raises(UsageError, match="a packed-sequence case"):
+        _verify("examples/sdpa_attention.py:attention", "varlen_empty_sequences")
+    # the whole catalogue of a dense kernel: the dense entries alone
+    report = _verify("examples/sdpa_attention.py:attention", "causal_square")
+    assert report.run.entries == (1, 1)
+
+
+def test_a_kernel_whose_arguments_have_other_names_declares_its_protocol():
+    with pytest.raises(UsageError, match="declares --protocol varlen or paged"):
+        _verify(pk.named_offsets, "varlen_one_row")
+    assert _verify(pk.named_offsets, "varlen_one_row", protocol="varlen").exit_code == 0
