@@ -27,6 +27,7 @@ every block-table entry past a sequence's pages points at a NaN page.
 """
 import inspect
 import math
+import random
 
 import torch
 
@@ -74,6 +75,34 @@ def seq_values(case, b, device):
     lk = sequences(case)[b][1]
     q, k, v = (t.to(device) for t in inp.values(sub_case(case, b), device))
     return q, k[:, :, :lk], v[:, :, :lk]
+
+
+def segmented(case, protocol, decl=None, fit=None):
+    """A generated dense case as a packed one, for a varlen or paged kernel: 2 to 6 sequences of lengths drawn from
+    its seed up to its Nq and Nk (about one in five empty; its own Nk once), sharing Nq when paged, with a page
+    size of 1, 5, 16 or 64. fit(decl, n, lo) moves a length into the declarations; a case they still exclude, a
+    hand-valued or a huge one stays as it is (replayed as B equal sequences)."""
+    if protocol == DENSE or case.seqlens is not None or case.sample_heads or case.data == "explicit" \
+            or case.expected is not None:
+        return case
+    rnd = random.Random(case.seed * 1000003 + 31 * case.Nq + case.Nk)
+    n = rnd.randint(2, 6)
+
+    def length(top, lo):
+        m = 0 if rnd.random() < 0.2 else rnd.randint(1, max(top, 1))
+        return fit(decl, m, lo) if fit is not None else m
+
+    lo = getattr(decl, "min_seq", 0) if decl is not None else 0
+    lq = [case.Nq] * n if protocol == PAGED else [length(case.Nq, lo) for _ in range(n)]
+    lk = [length(case.Nk, lo) for _ in range(n)]
+    lk[rnd.randrange(n)] = case.Nk
+    if getattr(decl, "same_length", False) or (case.causal and getattr(decl, "causal_same_length", False)):
+        lk = list(lq)
+    packed = case.replace(seqlens=tuple(zip(lq, lk)), page_size=rnd.choice((1, 5, 16, 64)) if protocol == PAGED
+                          else None)
+    if decl is not None and decl.reasons(packed):
+        return case
+    return packed
 
 
 def skip_reason(case, protocol):

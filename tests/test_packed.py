@@ -79,3 +79,14 @@ def test_a_kernel_whose_arguments_have_other_names_declares_its_protocol():
     with pytest.raises(UsageError, match="declares --protocol varlen or paged"):
         _verify(pk.named_offsets, "varlen_one_row")
     assert _verify(pk.named_offsets, "varlen_one_row", protocol="varlen").exit_code == 0
+
+
+def test_generated_cases_are_drawn_as_packed_sequences_and_find_a_bug():
+    """For a varlen kernel each drawn case becomes 2 to 6 sequences of drawn lengths (empty ones too); the catalogue
+    left out, the draws alone find the causal offset taken from the packed totals, and shrink it."""
+    ok = _verify(pk.attention_varlen, "hand_one_query_two_keys", examples=10)
+    drawn = [r for r in ok.results if r.origin == "hypothesis"]
+    assert ok.exit_code == 0 and len(drawn) == 10, str(ok)
+    assert sum(r.case.seqlens is not None for r in drawn) >= 8, [r.case.name for r in drawn]
+    bad = _verify(pk.causal_from_packed_totals, "hand_one_query_two_keys", examples=25)
+    assert bad.exit_code == 1 and any(r.origin == "hypothesis" for r in bad.failures), str(bad)

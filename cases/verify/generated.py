@@ -9,7 +9,7 @@ judged once.
 """
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
-from flashcheck.cases import report
+from flashcheck.cases import protocols, report
 from flashcheck.cases.verify import shard
 from flashcheck.cases.generate import strategies
 from flashcheck.cases.generate.strategies import _fit, limits, representative, reseeded
@@ -30,7 +30,7 @@ def _simpler(case, decl, dtypes):
     def lengths(n, lo):
         return [x for x in dict.fromkeys(_fit(decl, m, lo) for m in (lo, 1, 2, n // 2, n - 1)) if x < n]
 
-    steps = [dict(B=1), dict(H=1, Hkv=None), dict(Hkv=None), dict(Dv=None), dict(window=None), dict(softcap=None),
+    steps = [dict(seqlens=None, page_size=None), dict(B=1), dict(H=1, Hkv=None), dict(Hkv=None), dict(Dv=None), dict(window=None), dict(softcap=None),
              dict(alibi=None), dict(magnitude=None), dict(data="randn", magnitude=None),
              dict(layout="contiguous"), dict(causal=False),
              dict(scale=None), dict(block_m=None, block_n=None), dict(dtype=dtypes[0]), dict(seed=0)]
@@ -91,7 +91,7 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
     for case in representative(decl, dtypes, backend, caps)[:max(1, examples // 4)]:
         drawn.setdefault(case.key(), case)
 
-    def prop(case):
+    def prop(case):      # (its source seeds the derandomized draws: changing it changes every run's cases)
         if len(drawn) < examples:
             drawn.setdefault(case.key(), case)
 
@@ -117,7 +117,9 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
         verdict.case = verdict.case.replace(name=_example_name(prefix, verdict.case))
         record(report.Result.of(verdict.case, verdict, "hypothesis", index))
 
-    drawn_all = list(drawn.values())
+    # a varlen or paged kernel gets each drawn case as packed sequences of drawn lengths (cases/protocols.py)
+    drawn_all = list({c.key(): c for c in (protocols.segmented(c, caps.protocol, decl, _fit)
+                                            for c in drawn.values())}.values())
     place = {case.key(): i for i, case in enumerate(drawn_all)}        # 0-based, over every shard's cases
     cases = [c for c in drawn_all if shard.owns(the_shard, c.key())]
     n_all = len(drawn_all)
@@ -163,6 +165,8 @@ def _example_name(prefix, case):
     tags = "".join((f"_gqa{case.Hkv}" if case.Hkv is not None else "", f"_dv{case.Dv}" if case.Dv is not None else "",
                     f"_window{case.window[0]}-{case.window[1]}" if case.window is not None else "",
                     f"_softcap{case.softcap:g}" if case.softcap is not None else "",
-                    f"_alibi-{case.alibi}" if case.alibi is not None else ""))
+                    f"_alibi-{case.alibi}" if case.alibi is not None else "",
+                    f"_seqs{len(case.seqlens)}" if case.seqlens is not None else "",
+                    f"_page{case.page_size}" if case.page_size is not None else ""))
     return (f"{prefix}_{case.B}x{case.H}x{case.Nq}x{case.Nk}x{case.D}_{case.dtype}"
             + ("_causal" if case.causal else "") + ("" if case.layout == "contiguous" else f"_{case.layout}") + tags)
