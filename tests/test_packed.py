@@ -70,6 +70,8 @@ def test_the_leak_check_sees_a_leak_the_reference_cannot():
 def test_a_dense_kernel_is_never_given_a_packed_case():
     with pytest.raises(UsageError, match="a packed-sequence case"):
         _verify("examples/sdpa_attention.py:attention", "varlen_empty_sequences")
+    with pytest.raises(UsageError, match="are packed-sequence cases, and the kernel is dense"):
+        flashcheck.verify("examples/sdpa_attention.py:attention", keyword="paged_", dtypes="fp32")
     # the whole catalogue of a dense kernel: the dense entries alone
     report = _verify("examples/sdpa_attention.py:attention", "causal_square")
     assert report.run.entries == (1, 1)

@@ -312,8 +312,13 @@ def prepare(req, runner, info, decl, backend, selected, examples):
     _check_protocol(info, _name(req.target))
     if info["caps"].protocol == protocols.DENSE:
         named = {n.strip().partition("[")[0] for text in req.only for n in str(text).split(",")}
-        selected = [(c, o) for c, o in selected
-                    if not (o == "catalogue" and c.name in catalogue.PACKED_NAMES and c.name not in named)]
+        kept = [(c, o) for c, o in selected
+                if not (o == "catalogue" and c.name in catalogue.PACKED_NAMES and c.name not in named)]
+        if selected and not kept:
+            raise UsageError(f"nothing to verify: the selected entries ({', '.join(c.name for c, _ in selected)}) "
+                             "are packed-sequence cases, and the kernel is dense (its signature has no cu_seqlens_q "
+                             "or block_table; --protocol declares one)")
+        selected = kept
     return info, selected
 
 
