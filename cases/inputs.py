@@ -39,6 +39,15 @@ def is_poison(t):
     return int_view(t) == poison_bits(t.dtype)
 
 
+def prepoison(n, dtype, device):
+    """Before a call without out=: fill n elements of memory the kernel's own output allocation is likely to reuse
+    (the caching allocator hands back a freed block of the same size) with the poison pattern."""
+    if n:
+        block = torch.empty(n, dtype=dtype, device=device)
+        int_view(block).fill_(poison_bits(dtype))
+        del block
+
+
 def _geometry(layout, B, H, N, D):
     """(storage shape, permutation to (B, H, N, D), slices) of a layout; the view is
     storage.permute(perm)[slices]."""

@@ -118,13 +118,16 @@ def skip_reason(case, protocol):
     return ""
 
 
-def dense_signature(kernel, protocol):
-    """The signature the adapter of a `protocol` kernel shows the dense oracle: q, k, v and the kernel's own
-    keywords among DENSE_KEYWORDS (so the capabilities discovered are the kernel's)."""
+def _parameters(kernel):
     try:
-        params = inspect.signature(kernel).parameters
+        return inspect.signature(kernel).parameters
     except (TypeError, ValueError):
-        params = {}
+        return {}
+
+
+def dense_signature(params):
+    """The signature an adapter shows the dense oracle for a kernel of these parameters: q, k, v and the kernel's
+    own keywords among DENSE_KEYWORDS (so the capabilities discovered are the kernel's)."""
     P = inspect.Parameter
     out = [P(n, P.POSITIONAL_OR_KEYWORD) for n in ("q", "k", "v")]
     out += [P(n, P.KEYWORD_ONLY, default=params[n].default) for n in DENSE_KEYWORDS if n in params]
@@ -145,11 +148,8 @@ class Packed:
 
     def __init__(self, kernel, protocol, case, b, leak=False):
         self.kernel, self.protocol, self.case, self.b, self.leak = kernel, protocol, case, b, leak
-        self.__signature__ = dense_signature(kernel, protocol)
-        try:
-            self._params = inspect.signature(kernel).parameters
-        except (TypeError, ValueError):
-            self._params = {}
+        self._params = _parameters(kernel)
+        self.__signature__ = dense_signature(self._params)
         self._others = {}
 
     def _other(self, i, nq, device, dtype):
@@ -217,7 +217,7 @@ class Packed:
             inp.int_view(gout.t).fill_(inp.poison_bits(dt))
             kw["out"] = gout.t
         else:
-            _prepoison(cq[-1] * H * Dv, dt, device)
+            inp.prepoison(cq[-1] * H * Dv, dt, device)
         result, lse = self._call((gq.t, gk.t, gv.t, cu_q, cu_k), kw, (gq, gk, gv), gout,
                                  (cq[-1], H, Dv), (H, cq[-1]), dt, device)
         rows = slice(cq[self.b], cq[self.b + 1])
@@ -263,7 +263,7 @@ class Packed:
             inp.int_view(gout.t).fill_(inp.poison_bits(dt))
             kw["out"] = gout.t
         else:
-            _prepoison(B * H * nq * Dv, dt, device)
+            inp.prepoison(B * H * nq * Dv, dt, device)
         seqlens = torch.tensor(lk, dtype=torch.int32, device=device)
         result, lse = self._call((gq.t, gk.t, gv.t, table.to(device), seqlens), kw, (gq, gk, gv), gout,
                                  (B, H, nq, Dv), (B, H, nq), dt, device)
@@ -313,10 +313,3 @@ class Packed:
             got = got.clone()      # a copy of the kernel's own rows, poison bits and all
         return got if got_lse is None else (got, got_lse.clone())
 
-
-def _prepoison(n, dtype, device):
-    """As the oracle does without out=: memory the kernel's allocation is likely to reuse holds the poison."""
-    if n:
-        block = torch.empty(n, dtype=dtype, device=device)
-        inp.int_view(block).fill_(inp.poison_bits(dtype))
-        del block

@@ -468,12 +468,5 @@ def _diagnose_nan(kernel, case, caps, qkv, device, fail, heads):
 
 
 def _prepoison(case, device):
-    """Without out=, fill memory the kernel's own output allocation is likely to reuse with the poison
-    pattern (the caching allocator hands back a freed block of the same size)."""
-    dt = case.torch_dtype
-    n = case.B * case.H * case.Nq * case.v_dim
-    if n == 0:
-        return
-    block = torch.empty(n, dtype=dt, device=device)
-    inp.int_view(block).fill_(inp.poison_bits(dt))
-    del block
+    """Without out=, the poison where the kernel's own (B, H, Nq, Dv) output is likely to be allocated."""
+    inp.prepoison(case.B * case.H * case.Nq * case.v_dim, case.torch_dtype, device)

@@ -126,11 +126,14 @@ def _check(req, backend):
         raise UsageError("only --json can go to stdout ('-'); --junit and --html need a file")
 
 
+def _listed(texts):
+    """The names of repeatable, comma-separated options (--only a,b --only c)."""
+    return [n.strip() for text in texts for n in str(text).split(",") if n.strip()]
+
+
 def select(req):
     """[(entry or case, origin)] from only/keyword/exclude/cases (the whole catalogue when none is given)."""
-    names = [n.strip() for text in req.only for n in str(text).split(",") if n.strip()]
-    keywords = [k.strip() for text in req.keyword for k in str(text).split(",") if k.strip()]
-    excluded = [x.strip() for text in req.exclude for x in str(text).split(",") if x.strip()]
+    names, keywords, excluded = _listed(req.only), _listed(req.keyword), _listed(req.exclude)
     bases = {n.partition("[")[0] for n in names}
     unknown = [n for n in names if n.partition("[")[0] not in catalogue.BY_NAME]
     if unknown:
@@ -311,7 +314,7 @@ def prepare(req, runner, info, decl, backend, selected, examples):
     info = dict(info, caps=support(runner, info, decl, backend, _needs(selected, examples)))
     _check_protocol(info, _name(req.target))
     if info["caps"].protocol == protocols.DENSE:
-        named = {n.strip().partition("[")[0] for text in req.only for n in str(text).split(",")}
+        named = {n.partition("[")[0] for n in _listed(req.only)}
         kept = [(c, o) for c, o in selected
                 if not (o == "catalogue" and c.name in catalogue.PACKED_NAMES and c.name not in named)]
         if selected and not kept:

@@ -28,7 +28,11 @@ def judge(kernel, protocol, case, settings, judge_dense):
         sub = protocols.sub_case(case, b)
         where = f"sequence {b} of {len(seqs)} (Nq = {lq}, Nk = {lk})"
         if lk == 0:            # no dense case has Nk = 0: its rows must be 0, its lse -inf, among the others
-            fail = _no_keys(kernel, protocol, case, b, settings)
+            try:
+                fail = _no_keys(kernel, protocol, case, b, settings)
+            except oracle.Outcome as other:
+                verdict.status, verdict.note = other.status, f"{where}: {other.note}"
+                break
             if fail is not None:
                 verdict.fail(_named(fail, b, where))
                 break
@@ -100,22 +104,17 @@ def _leak(kernel, protocol, case, b, sub, kept):
 
 
 def _no_keys(kernel, protocol, case, b, settings):
-    """Sequence b has no keys: called among the others, each of its rows must be exactly 0 and its lse -inf (or the
-    declared +inf). Returns a Failure or None."""
-    q, k, v = protocols.seq_values(case, b, device())
+    """Sequence b has no keys: called among the others (through the oracle's call, so a decline is "unsupported" and
+    an exception, a bad return or a written input fails as anywhere), each of its rows must be exactly 0 and its lse
+    -inf (or the declared +inf). Returns a Failure or None; raises oracle.Outcome for a decline."""
+    qkv = protocols.seq_values(case, b, device())
     adapter = protocols.Packed(kernel, protocol, case, b)
-    caps = oracle.Capabilities.of(adapter)
-    kwargs = oracle.protocol_kwargs(protocols.sub_case(case, b), caps, q.device)
-    if caps.lse:
-        kwargs["return_lse"] = True
     try:
-        got = adapter(q, k, v, **kwargs)
+        call = oracle.call_kernel(adapter, protocols.sub_case(case, b), oracle.Capabilities.of(adapter), qkv,
+                                  device())
     except oracle.RunFailed as stop:
         return stop.failure
-    except Exception as exc:  # noqa: BLE001  (the kernel under test may raise anything)
-        kind, text = oracle.classify_exception(exc)
-        return Failure(kind, text.splitlines()[0][:300], location=oracle.where_raised(exc))
-    out, lse = got if caps.lse else (got, None)
+    out, lse = call.result, call.lse
     bad = ~(out == 0)
     if bool(bad.any()):
         w = tuple(int(x) for x in torch.nonzero(bad)[0])
