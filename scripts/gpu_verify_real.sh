@@ -25,8 +25,10 @@ if [[ ${SET:-full} == stress ]]; then
 elif [[ ${SET:-full} == final ]]; then
   for s in 1 2 3; do job "sdpa_example_seed$s" "examples/sdpa_attention.py:attention --examples 400 --seed $s"; done
   job plain_matmul_softmax "examples/plain_attention.py:matmul_softmax"
-  job plain_fused_check "examples/plain_attention.py:matmul_softmax --fused --only one_query"
-  for k in fused unfused; do job "${k}_fused_check" "flashcheck.kernel.$k:attention --fused --only one_query,long_cross_decode"; done
+  job plain_fused_check_must_fail "examples/plain_attention.py:matmul_softmax --fused --only one_query"
+  # --fused must pass the fused kernel and SDPA and fail the kernels that materialise the scores (unfused, plain)
+  job fused_fused_check "flashcheck.kernel.fused:attention --fused --only one_query,long_cross_decode"
+  job unfused_fused_check_must_fail "flashcheck.kernel.unfused:attention --fused --only one_query,long_cross_decode"
   job sdpa_fused_check "examples/sdpa_attention.py:attention --fused --only one_query,long_cross_decode"
   job sanitize_fused "flashcheck.kernel.fused:attention --sanitize --only partial_last_key_block,causal_nq_gt_nk,head_dim_17"
   for k in flash cudnn efficient; do job "sdpa_$k" "examples/sdpa_backends.py:$k --examples 10"; done
@@ -35,8 +37,10 @@ for k in flash efficient cudnn math; do job "sdpa_$k" "examples/sdpa_backends.py
 job flex "examples/flex_attention.py:attention --examples 10"
 for s in 1 2 3; do job "sdpa_example_seed$s" "examples/sdpa_attention.py:attention --examples 400 --seed $s"; done
 for f in matmul_softmax einsum sdpa_math in_dtype; do job "plain_$f" "examples/plain_attention.py:$f"; done
-for k in fused unfused; do job "$k" "flashcheck.kernel.$k:attention"; job "${k}_fused_check" "flashcheck.kernel.$k:attention --fused --only one_query"; done
-job plain_fused_check "examples/plain_attention.py:matmul_softmax --fused --only one_query"
+for k in fused unfused; do job "$k" "flashcheck.kernel.$k:attention"; done
+job fused_fused_check "flashcheck.kernel.fused:attention --fused --only one_query"
+job unfused_fused_check_must_fail "flashcheck.kernel.unfused:attention --fused --only one_query"
+job plain_fused_check_must_fail "examples/plain_attention.py:matmul_softmax --fused --only one_query"
 job sdpa_fused_check "examples/sdpa_attention.py:attention --fused --only one_query"
 job sanitize_fused "flashcheck.kernel.fused:attention --sanitize --only partial_last_key_block,causal_nq_gt_nk,head_dim_17"
 job sanitize_mutant "mutant:kv_mask_plus --sanitize --only partial_last_key_block,nk_lt_block_n"

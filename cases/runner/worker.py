@@ -121,7 +121,9 @@ class Worker:
         if not self.child_open:
             self.open(self.spec)
         self._send(("call", fn, args, kwargs))
-        work = timeout or self.timeout
+        # the oracle's own work (inputs, the float64 reference, the comparisons; the child's first touch of the GPU
+        # makes its CUDA context, seconds) is not the kernel's: a --timeout of a second must not cut it
+        work = max(timeout or self.timeout, WORK_FLOOR)
         limit, state = work, "work"
         while True:
             try:
@@ -257,6 +259,7 @@ class Worker:
 
 
 COMPILE_TIMEOUT = 900.0    # seconds a kernel's first call with new inputs may take (compiling, autotuning)
+WORK_FLOOR = 60.0          # seconds the oracle's work between the kernel's calls may take at least, whatever --timeout
 
 
 def _hung(state, limit):
@@ -267,7 +270,8 @@ def _hung(state, limit):
     if state == "call":
         return (f"a call of the kernel did not return within {limit:g} s (--timeout); it had run on the same inputs' "
                 "shapes and arguments before in this worker, so this is not compile time")
-    return f"no answer within {limit:g} s (--timeout) while the oracle worked between the kernel's calls"
+    return (f"no answer within {limit:g} s while the oracle worked between the kernel's calls (its own limit: "
+            f"--timeout, at least {WORK_FLOOR:g} s, more for long cases)")
 
 
 def _name(spec):
@@ -373,7 +377,12 @@ def _watched(kernel, out):
         _write_frame(out, ("tick", "call", key not in seen))
         seen.add(key)
         try:
-            return kernel(*args, **kwargs)
+            result = kernel(*args, **kwargs)
+            if torch.cuda.is_initialized():
+                # the kernel's device work is the kernel's time: a launch returns at once, and its work would
+                # otherwise run out the oracle's limit at the next synchronisation
+                torch.cuda.synchronize()
+            return result
         finally:
             _write_frame(out, ("tick", "done", None))
     return call
