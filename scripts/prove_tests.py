@@ -81,6 +81,8 @@ DELETIONS = [
      "if c.name in bases", "tests/test_api.py::test_assert_attention_runs_the_whole_catalogue_by_default"),
     ("compile limit for new inputs", "cases/runner/worker.py", '_write_frame(out, ("tick", "call", key not in seen))',
      "pass", "tests/test_verify_real.py::test_compile_time_is_not_the_answer"),
+    ("the oracle's own limit", "cases/runner/worker.py", "work = max(timeout or self.timeout, WORK_FLOOR)",
+     "work = timeout or self.timeout", "tests/test_verify_real.py::test_the_oracles_own_work_is_not_the_kernels_time"),
     ("guards notes, both ways", "kernel/fused.py", "# guards: mutant lse_log2_domain\n", "#\n",
      "tests/test_mutants.py::test_kernel_guard_comments_name_real_mutants_and_cases"),
 ]

@@ -247,6 +247,20 @@ def test_compile_time_is_not_the_answer(tmp_path):
     assert case["kind"] == "timeout" and f"compile limit of {short} s" in case["failures"][0]["message"], case
 
 
+def test_the_oracles_own_work_is_not_the_kernels_time():
+    """Between the kernel's calls the oracle builds inputs and computes the float64 reference (and the worker's first
+    touch of a GPU makes its CUDA context): that work is not cut at the kernel's --timeout (on an H200, verify
+    --timeout 1 failed a correct kernel so before the floor)."""
+    from flashcheck.cases.runner.worker import WORK_FLOOR, Worker
+
+    worker = Worker(timeout=1)
+    try:
+        worker.open(f"{LIMITED}:slow_first_call")
+        assert WORK_FLOOR > 3 and worker.call("tests.limited_kernels:oracle_work", 3) == "done"
+    finally:
+        worker.close()
+
+
 def test_the_path_without_out_is_judged_too(tmp_path):
     """A kernel that takes out= is judged on the call without it as well: one that allocates float32 there fails as a
     bad return naming what it should have returned; with out= alone it would have passed."""

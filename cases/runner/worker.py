@@ -14,8 +14,9 @@ timeout gets the whole process group killed, and the next call starts a fresh se
 Compile time is not the kernel's answer. The child tells the caller when each call of the kernel starts and ends,
 and whether its inputs (shapes, strides, dtypes, alignment, keyword arguments) are new to this process: a Triton
 kernel compiles (and an autotuned one tunes, torch.compile traces) on such a call. A new call gets compile_timeout
-(default 15 minutes, verify's --compile-timeout), a call whose inputs ran before gets timeout, and the oracle's
-own work between calls gets the call's timeout; a timeout says which of the three ran out.
+(default 15 minutes, verify's --compile-timeout), a call whose inputs ran before gets timeout (a kernel's call ends
+when its device work has, so an asynchronous launch is timed whole), and the oracle's own work between calls gets
+the call's timeout but never less than WORK_FLOOR; a timeout says which of the three ran out.
 
 Frames: length-prefixed pickles, the caller -> the worker on its stdin, the worker -> the caller on a pipe
 that was its stdout. Both worker processes move their own stdout onto stderr first, so whatever a kernel
