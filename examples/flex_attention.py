@@ -15,7 +15,10 @@ implementation PyTorch falls back to).
 What verify found, eagerly on the CPU (torch 2.13.0+cpu; not re-run on a GPU): every feature case passes in
 fp32, fp16 and bf16, and a query length of 0 with a block mask (causal or a window) raises in
 create_block_mask (IndexError: select(): index 0 out of range for tensor of size [0]); the protocol makes
-Nq = 0 legal, so verify reports it as a failure of this wrapper, which does not bridge it.
+Nq = 0 legal, so verify reports it as a failure of this wrapper, which does not bridge it. On one H200 (torch
+2.11.0+cu130, triton 3.6.0, torch.compile, default settings): 267 passed, 0 failed, 2 inconclusive, 13 unsupported
+(head dims below 16: flex_attention's NYI), 2 out of memory (offsets_over_2_31 in fp16 and bf16: it asked for 32.5 GiB
+beside the case's 16.25 GiB), every entry judged, in 153 s (its 25 generated cases drew no Nq = 0 with a mask).
 """
 import functools
 import os

@@ -55,6 +55,21 @@ def test_corpus_applies_to_the_current_kernel():
     assert not drifted, "the kernel changed under the bug corpus; update cases/corpus/mutants.py:\n" + "\n".join(drifted)
 
 
+def test_the_proofs_of_the_tests_still_apply():
+    """scripts/prove_tests.py deletes checks and expects their tests to go red: each deletion's text must still occur
+    exactly once in its file, or the proof silently stops proving (two had drifted with the protocol-v3 refactor)."""
+    import importlib.util
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("prove_tests", root / "scripts" / "prove_tests.py")
+    prove = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prove)
+    drifted = [f"{name}: {path} holds its text {(root / path).read_text().count(find)} times"
+               for name, path, find, _, _ in prove.DELETIONS if (root / path).read_text().count(find) != 1]
+    assert not drifted, "scripts/prove_tests.py no longer applies:\n" + "\n".join(drifted)
+
+
 @pytest.mark.parametrize("find, count", [("this text is in no kernel", 0), ("tl.arange(0, BLOCK_N)", 2)])
 def test_drift_names_the_mutant_and_the_count(find, count):
     m = Mutant("drift_probe", "fused", find, "x", "-", "test", ())
