@@ -231,18 +231,18 @@ CATALOGUE = [
          why="MQA (one kv head for 4 query heads), decode: 3 queries against 300 keys (a split-KV kernel splits "
              "them): every query head must read the one kv head, in every split",
          B=2, H=4, Hkv=1, Nq=3, Nk=300, D=64, seed=82),
-    Case("dv_smaller", point=("partial_key_block",),
+    Case("dv_smaller", point=("partial_key_block", "dv_lt_d"),
          why="a value head dim of its own, Dv = 16 < D = 64: V, the accumulator and the output sized or masked with D "
              "read past V's rows and write past the output's",
          H=2, Nq=20, Nk=45, D=64, Dv=16, seed=83),
-    Case("dv_larger_odd_causal", point=("causal",),
+    Case("dv_larger_odd_causal", point=("causal", "dv_gt_d", "odd_dv"),
          why="Dv = 40 > D = 16, not a power of two, causal: V's padded columns masked with D's mask drop columns 16..39",
          B=2, H=3, Nq=37, Nk=23, D=16, Dv=40, causal=True, seed=84),
-    Case("dv_half_descriptor", point=("batch_heads",),
+    Case("dv_half_descriptor", point=("batch_heads", "dv_gt_d"),
          why="fp16/bf16 with 16-byte rows, D = 16 < Dv = 32: a V tensor descriptor (TMA) shaped or boxed by D "
              "zero-fills V's columns 16..31",
          B=2, H=3, Nq=20, Nk=53, D=16, Dv=32, dtype="half", seed=85),
-    Case("dv_split_decode", point=("lengths",),
+    Case("dv_split_decode", point=("lengths", "dv_ne_d"),
          why="decode (16 queries, 769 keys) with Dv = 48 != D = 32: the split-KV partial outputs and their combine "
              "strided by D",
          H=2, Nq=16, Nk=769, D=32, Dv=48, seed=86),
@@ -298,7 +298,7 @@ CATALOGUE = [
          why="ALiBi slopes per (batch, head), not causal, Nq < Nk: the distance counts from the bottom-right "
              "diagonal both ways, and each batch has its own slopes",
          B=2, H=3, Nq=20, Nk=53, D=16, alibi="batch_heads", seed=98),
-    Case("every_feature_at_once", point=("nq_lt_nk",),
+    Case("every_feature_at_once", point=("nq_lt_nk", "dv_ne_d"),
          why="GQA (6 on 3), Dv = 48 != D = 32, window (10, 5), softcap 5 and ALiBi together: each feature's "
              "effect composed with the others'",
          B=2, H=6, Hkv=3, Nq=30, Nk=70, D=32, Dv=48, window=(10, 5), softcap=5.0, alibi="heads", seed=99),

@@ -7,7 +7,8 @@ multiples of 128; 7.5 exists at D = 16 (one query, two keys, the head dim padded
 states its point as data (Case.point: names from POINTS below, what must stay true for the case to still test its
 bug), and `project` derives the nearest admissible case that keeps every part of it: lengths rounded to the
 declared multiple (their order kept), made equal, or clamped; the head dim moved to the nearest declared one (a
-hand value padded with zero columns, so it stays exact); the layout made dense. Its name says what changed:
+hand value padded with zero columns, so it stays exact), and a value head dim of its own with it, keeping its side
+of D; the layout made dense. Its name says what changed:
 `causal_nq_lt_nk[fp16, Nq=128, Nk=256]`. An entry is skipped only when its point cannot survive, with that reason.
 """
 import math
@@ -46,6 +47,10 @@ POINTS = {
     "whole_blocks_see_no_key": (lambda e, c: c.causal and c.Nq - c.Nk >= 64,
                                 "whole query blocks that see no key (Nq - Nk >= 64)"),
     "head_dim": (lambda e, c: c.D == e.D, "this head dim"),
+    "dv_lt_d": (lambda e, c: c.v_dim < c.D, "a value head dim below the query/key one (Dv < D)"),
+    "dv_gt_d": (lambda e, c: c.v_dim > c.D, "a value head dim above the query/key one (Dv > D)"),
+    "dv_ne_d": (lambda e, c: c.v_dim != c.D, "a value head dim of its own (Dv != D)"),
+    "odd_dv": (lambda e, c: not _pow2(c.v_dim), "a value head dim that is not a power of two"),
     "odd_head_dim": (lambda e, c: not _pow2(c.D), "a head dim that is not a power of two"),
     "head_dim_past_16": (lambda e, c: c.D > 16, "a head dim past 16"),
     "head_dim_past_64": (lambda e, c: c.D > 64, "a head dim past 64"),
@@ -109,35 +114,44 @@ def _length_pairs(case, decl):
     return list(dict.fromkeys(out))
 
 
-def _head_dims(case, decl, ok):
-    """Candidate head dims, nearest first (the case's own when declared). A hand value (explicit data) can only
-    grow: its extra columns are zeros."""
-    if ok(case.D):
-        return [case.D]
-    dims = [d for d in range(1, 257) if ok(d) and (case.data != "explicit" or d > case.D)]
-    return sorted(dims, key=lambda d: (abs(math.log(d / case.D)), d))[:4]
+def _nearest(n, ok, grow=False, most=4):
+    """The `most` declared head dims nearest to n (n itself first when declared); grow: only n and above."""
+    dims = [d for d in range(1, 257) if ok(d) and (not grow or d >= n)]
+    return sorted(dims, key=lambda d: (abs(math.log(d / n)), d))[:most]
+
+
+def _head_dims(case, ok):
+    """Candidate (D, Dv) pairs, nearest first (Dv None: v's head dim follows D). D stays when declared, unless the
+    case has a Dv of its own, whose relation to D (below it, above it) may need D to move too. A hand value
+    (explicit data) can only grow: its extra columns are zeros."""
+    if case.Dv is None:
+        return [(d, None) for d in ([case.D] if ok(case.D) else _nearest(case.D, ok, case.data == "explicit"))]
+    grow = case.data == "explicit"
+    pairs = [(d, dv) for d in _nearest(case.D, ok, grow) for dv in _nearest(case.Dv, ok, grow)]
+    return sorted(pairs, key=lambda p: (abs(math.log(p[0] / case.D)) + abs(math.log(p[1] / case.Dv)), p))
 
 
 def _padded(rows, d):
     return tuple(tuple(r) + (0.0,) * (d - len(r)) for r in rows)
 
 
-def _with_head_dim(case, d):
-    if d == case.D:
-        return {}
-    change = {"D": d}
-    if case.data == "explicit":
+def _with_head_dim(case, d, dv=None):
+    change = {"D": d} if d != case.D else {}
+    if dv is not None and dv != case.Dv:
+        change["Dv"] = dv
+    if change and case.data == "explicit":
         # zero columns add nothing to q . k and nothing to the output's first columns: the answer keeps its value
         # (both keys still score alike at the new default scale), its new columns are 0
-        change.update(q=_padded(case.q, d), k=_padded(case.k, d), v=_padded(case.v, d))
+        vd = dv if dv is not None else case.Dv or d
+        change.update(q=_padded(case.q, d), k=_padded(case.k, d), v=_padded(case.v, vd))
         if isinstance(case.expected, tuple):
-            change["expected"] = _padded(case.expected, d)
+            change["expected"] = _padded(case.expected, vd)
     return change
 
 
 def _name(case, changes):
     base, _, dtype = case.name.partition("[")
-    shown = ", ".join(f"{k}={v}" for k, v in changes.items() if k in ("B", "H", "Nq", "Nk", "D", "layout"))
+    shown = ", ".join(f"{k}={v}" for k, v in changes.items() if k in ("B", "H", "Nq", "Nk", "D", "Dv", "layout"))
     dtype = dtype.rstrip("]")
     return f"{base}[{dtype}, {shown}]" if dtype else f"{base}[{shown}]"
 
@@ -153,10 +167,10 @@ def project(case, decl, admissible, head_dim_ok=None):
     if layout is None:
         return None, "no declared layout"
     lost = set()
-    for d in _head_dims(case, decl, ok):
+    for d, dv in _head_dims(case, ok):
         for nq, nk in _length_pairs(case, decl) or [(case.Nq, case.Nk)]:
             changes = {k: n for k, n in (("Nq", nq), ("Nk", nk)) if n != getattr(case, k)}
-            changes.update(_with_head_dim(case, d))
+            changes.update(_with_head_dim(case, d, dv))
             if layout != case.layout:
                 changes["layout"] = layout
             if not changes:

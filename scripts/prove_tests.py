@@ -83,6 +83,11 @@ DELETIONS = [
      "pass", "tests/test_verify_real.py::test_compile_time_is_not_the_answer"),
     ("the oracle's own limit", "cases/runner/worker.py", "work = max(timeout or self.timeout, WORK_FLOOR)",
      "work = timeout or self.timeout", "tests/test_verify_real.py::test_the_oracles_own_work_is_not_the_kernels_time"),
+    ("Dv moved with the head dims", "cases/projection.py", "for dv in _nearest(case.Dv, ok, grow)]",
+     "for dv in [case.Dv]]", "tests/test_verify_real.py::test_a_value_head_dim_is_projected_with_the_head_dims"),
+    ("a wrong-shaped probe answer judged", "cases/verify/judging.py",
+     '    if verdict.status == "fail" and str(verdict.kind) == "bad return":', "    if False:",
+     "tests/test_verify_real.py::test_a_value_head_dim_is_projected_with_the_head_dims"),
     ("guards notes, both ways", "kernel/fused.py", "# guards: mutant lse_log2_domain\n", "#\n",
      "tests/test_mutants.py::test_kernel_guard_comments_name_real_mutants_and_cases"),
 ]

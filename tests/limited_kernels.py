@@ -134,3 +134,11 @@ def oracle_work(target, seconds):
     """Worker.call's function standing in for the oracle: `seconds` of its own work (no call of the kernel)."""
     time.sleep(seconds)
     return "done"
+
+
+def output_sized_by_d(q, k, v, *, causal=False, scale=None):
+    """Right while v's head dim is q's; with a value head dim of its own it returns D columns (cut, or padded with
+    zeros): the output sized by the query/key head dim."""
+    out = matmul_softmax(q, k, v, causal=causal, scale=scale)
+    D, Dv = q.shape[-1], v.shape[-1]
+    return F.pad(out, (0, D - Dv)) if Dv < D else out[..., :D]

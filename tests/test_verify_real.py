@@ -261,6 +261,26 @@ def test_the_oracles_own_work_is_not_the_kernels_time():
         worker.close()
 
 
+def test_a_value_head_dim_is_projected_with_the_head_dims(tmp_path):
+    """--head-dims applies to v's head dim too: an entry about Dv < D or Dv > D is moved to a declared pair that keeps
+    its side of D (named so), and skipped only when its point cannot survive (an odd Dv among powers of two). A
+    kernel that sizes its output by D answers the probe in the wrong shape: that is the bug, judged, not a kernel
+    without Dv (which raises, as Triton's tutorial asserts)."""
+    args = ("--only", "dv_smaller,dv_half_descriptor,dv_larger_odd_causal", "--head-dims", "64,128", "--dtypes", "fp16",
+            "--examples", "0")
+    ok, rep = _json(tmp_path, "examples/plain_attention.py:matmul_softmax", *args)
+    assert ok.returncode == 0, explain(ok)
+    cases = _by_name(rep)
+    assert cases["dv_smaller[fp16, D=128, Dv=64]"]["status"] == "pass", cases
+    assert cases["dv_half_descriptor[fp16, D=64, Dv=128]"]["status"] == "pass", cases
+    odd = cases["dv_larger_odd_causal[fp16]"]
+    assert odd["status"] == "skip" and "a value head dim that is not a power of two" in odd["reason"], odd
+    bad, rep = _json(tmp_path, f"{LIMITED}:output_sized_by_d", *args)
+    assert bad.returncode == 1, explain(bad)
+    case = _by_name(rep)["dv_smaller[fp16, D=128, Dv=64]"]
+    assert case["kind"] == "bad return" and "(1, 2, 20, 64)" in case["failures"][0]["message"], case
+
+
 def test_the_path_without_out_is_judged_too(tmp_path):
     """A kernel that takes out= is judged on the call without it as well: one that allocates float32 there fails as a
     bad return naming what it should have returned; with out= alone it would have passed."""

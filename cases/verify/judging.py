@@ -171,9 +171,10 @@ def _plain_call(kernel, case, caps):
 
 def probe_feature(kernel, name, dtype, conventions, protocol=protocols.DENSE):
     """(supported, why) for the shape-carried feature `name` (cases/features.py PROBED) on this kernel, from one
-    small case judged by the oracle (the engine asks it through the runner): a kernel that raises, declines,
-    returns the wrong shape or reads outside k and v lacks the feature (why says how); one whose answer comes back
-    finite and of the right shape has it (a wrong answer then fails the feature's cases)."""
+    small case judged by the oracle (the engine asks it through the runner): a kernel that raises, declines or reads
+    outside k and v lacks the feature (why says how); one that answers has it, and a wrong answer then fails the
+    feature's cases. An answer of the wrong shape is an answer: a kernel without a value head dim of its own
+    asserts it (as Triton's tutorial does), while output sized by D is a bug class of its own."""
     case = features.probe_case(name, dtype)
     if protocol != protocols.DENSE:
         kernel = protocols.Packed(kernel, protocol, case, 0)
@@ -182,6 +183,8 @@ def probe_feature(kernel, name, dtype, conventions, protocol=protocols.DENSE):
         return True, "probed"
     if verdict.status == "fail" and str(verdict.kind) in ("mismatch", "lse", "hand value"):
         return True, "probed: finite and of the right shape (its cases judge whether right)"
+    if verdict.status == "fail" and str(verdict.kind) == "bad return":
+        return True, "probed: it answers, in the wrong shape or dtype; its cases judge it"
     if verdict.failures:
         first = verdict.failures[0]
         kind, detail = str(first.kind), first.line()[len(str(first.kind)):].lstrip(" ;:")
