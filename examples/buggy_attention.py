@@ -72,6 +72,9 @@ def _attn_fwd(Q, K, V, Out, scale,
 def attention(q, k, v, *, causal=False, scale=None):
     """q: (B, H, Nq, D); k, v: (B, H, Nk, D); one dtype, one device, any strides. Returns (B, H, Nq, D)."""
     B, H, N, D = q.shape
+    if v.shape[-1] != D:
+        # a kernel without a value head dim of its own declines it (its output would be sized by D)
+        raise NotImplementedError(f"v's head dim {v.shape[-1]} != {D}: Dv != D is not supported")
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if out.numel() == 0:
