@@ -54,6 +54,11 @@ def no_causal_keyword(q, k, v, *, scale=None):
     return matmul_softmax(q, k, v, scale=scale)
 
 
+def no_scale_keyword(q, k, v, *, causal=False):
+    """A kernel whose signature has no scale= (it always uses 1/sqrt(D), as many serving kernels do)."""
+    return matmul_softmax(q, k, v, causal=causal)
+
+
 def raises_inside(q, k, v, *, causal=False, scale=None):
     """Raises from a helper: the report must say where (this file and line)."""
     return _helper(q)

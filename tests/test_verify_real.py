@@ -85,6 +85,18 @@ def test_signature_without_causal_is_an_undeclared_feature(tmp_path):
     assert "causal= no" in proc.stdout
 
 
+def test_signature_without_scale_is_not_called_with_one(tmp_path):
+    """A kernel without scale= skips the cases that set a scale, and the property that rescales Q and passes
+    scale / 2 is not checked on it either (it raised TypeError: a false alarm on a correct kernel)."""
+    proc, rep = _json(tmp_path, f"{LIMITED}:no_scale_keyword", "--only", "causal_square,negative_scale",
+                      "--dtypes", "fp32")
+    assert proc.returncode == 0, explain(proc)
+    cases = _by_name(rep)
+    assert cases["causal_square[fp32]"]["status"] == "pass", cases
+    assert cases["negative_scale[fp32]"]["status"] == "skip", cases
+    assert "the signature has no scale=" in cases["negative_scale[fp32]"]["reason"]
+
+
 def test_exception_names_file_and_line():
     proc = verify(f"{LIMITED}:raises_inside", "--only", "one_query", "-q")
     assert proc.returncode == 1

@@ -131,7 +131,10 @@ class Trial:
         if qkv is not None and any(bool(torch.isinf(t).any()) for t in qkv):
             # the relation's transformation left the dtype's range (huge scores): not a legal input
             raise _Declined("transformed inputs beyond the dtype's range")
-        excluded = self.decl.reasons(case) if case is not None and self.decl is not None else ()
+        excluded = list(self.decl.reasons(case)) if case is not None and self.decl is not None else []
+        if case is not None and case.scale is not None and not oracle.Capabilities.of(kernel or self.kernel).scale:
+            # scale_equivariance's transformed case passes scale=: no input a kernel without scale= takes
+            excluded.append("a scale (the signature has no scale=)")
         if excluded:
             # e.g. duplication doubles Nk past --max-seq, or makes Nk != Nq under --same-length
             raise _Declined("; ".join(excluded))
