@@ -1,27 +1,41 @@
-"""flashcheck bench: forward TFLOP/s of the fused kernel against torch's scaled_dot_product_attention.
+"""flashcheck bench: forward TFLOP/s of the fused kernel against torch's scaled_dot_product_attention (and
+flex_attention on the features suite).
 
-Every shape is run by four contenders on the same inputs in the same process: flashcheck.kernel.fused.attention and
+Every shape is run by its contenders on the same inputs in the same process: flashcheck.kernel.fused.attention and
 torch.nn.functional.scaled_dot_product_attention with one backend forced at a time through
-torch.nn.attention.sdpa_kernel (FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION). A backend that
-refuses a shape or dtype gives an "n/a" cell with torch's reason; anything that fails gives an "error" cell,
-never a crash of the run. Before timing, the kernel's output is compared with SDPA's (a fast wrong kernel is
-marked WRONG, not celebrated).
+torch.nn.attention.sdpa_kernel (FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION); the features suite's
+shapes add torch.nn.attention.flex_attention, compiled with torch.compile. A contender that refuses a shape or dtype
+(or cannot compute its function: SDPA has no softcap) gives an "n/a" cell with the reason; anything that fails
+gives an "error" cell, never a crash of the run. Before timing, the kernel's output is compared with a reference
+that computes the same function: SDPA (with enable_gqa and, for a window, a boolean attn_mask), else
+flex_attention, else (small shapes: the CPU smoke run) flashcheck.reference in float64. A fast wrong kernel is
+marked WRONG, not celebrated.
 
 Suites (--suite, default all):
-  paper   the FlashAttention paper's shapes: B*N = 16k tokens, H*D = 2048, N in 512..16k, D in {64, 128},
-          causal off and on, bf16 and fp16;
-  fp32    fp32 (the kernel's dots are ieee) against the efficient backend (flash and cuDNN have no fp32),
-          with tf32 switched off for the whole run so torch's matmuls are ieee too;
-  decode  decode-like cross-attention: Nq in {1, 16, 128} against Nk in {8k, 32k}, B=8, H=16, D=128, bf16,
-          non-causal only (SDPA's is_causal is aligned top-left, the protocol's bottom-right).
+  paper     the FlashAttention paper's shapes: B*N = 16k tokens, H*D = 2048, N in 512..16k, D in {64, 128},
+            causal off and on, bf16 and fp16;
+  fp32      fp32 (the kernel's dots are ieee) against the efficient backend (flash and cuDNN have no fp32),
+            with tf32 switched off for the whole run so torch's matmuls are ieee too;
+  decode    decode-like cross-attention: Nq in {1, 16, 128} against Nk in {8k, 32k}, B=8, H=16, D=128, bf16,
+            non-causal only (SDPA's is_causal is aligned top-left, the protocol's bottom-right);
+  features  the protocol's optional features, bf16 and fp16, D = 128, B*N = 16k tokens: grouped-query attention
+            8:1 and 4:1 (Hq = 32, Hkv = 4 and 8, N in {1k, 4k, 16k}, causal off and on; SDPA's enable_gqa,
+            flex_attention's enable_gqa), a causal sliding window of 1024 keys (window=(1024, 0), H = 16,
+            N in {4k, 16k}; SDPA with a boolean attn_mask, flex_attention with a block mask) and Gemma 2's logit
+            softcap c = 50 (H = 16, N in {4k, 16k}, causal off and on; flex_attention's score_mod; SDPA n/a).
+"all" is paper, fp32 and decode, as in the committed runs saved with "--suite all" (docs/bench/h200/): features
+is asked for by name (--suite features, or --suite all features).
 
-FLOPs = 4*B*H*Nq*Nk*D (two matmuls of 2*Nq*Nk*D each), halved when causal and Nq == Nk. Causal with
-Nq != Nk is counted in full (no suite runs it: causal shapes must have Nq == Nk, where SDPA's top-left mask
-and the protocol's bottom-right mask agree).
+FLOPs = 4*B*H*Nq*Nk*D (two matmuls of 2*Nq*Nk*D each; H the query heads, whatever Hkv), halved when causal and
+Nq == Nk. With a window, 4*B*H*D per (query, key) pair the window lets through, counted exactly (row i sees the
+keys max(0, i + Nk - Nq - left) .. min(Nk - 1, i + Nk - Nq + right)): the work a kernel that skips the hidden
+blocks must do. The softcap's tanh is not counted. Causal with Nq != Nk is counted in full (no suite runs it:
+causal shapes must have Nq == Nk, where SDPA's top-left mask and the protocol's bottom-right mask agree).
 
 Timing: triton.testing.do_bench medians on the GPU (warmup/rep in ms). On the CPU the command refuses to run
-(the interpreter's timings mean nothing) unless --smoke, which runs one tiny shape through the interpreter,
-timed with time.perf_counter, to exercise the code path in CI.
+(the interpreter's timings mean nothing) unless --smoke, which runs two tiny shapes through the interpreter (one
+plain, one with GQA, a window and a softcap, checked against the float64 reference), timed with
+time.perf_counter, to exercise the code path in CI.
 
 --sweep-blocks times the kernel with each (BLOCK_M, BLOCK_N, num_warps, num_stages) candidate and prints the
 best per shape and per group, for tuning flashcheck.kernel.fused.default_blocks.
@@ -44,7 +58,9 @@ from pathlib import Path
 
 from flashcheck.cases.backend import backend
 
-CONTENDERS = ("kernel", "flash", "cudnn", "efficient")
+SDPA_PEERS = ("flash", "cudnn", "efficient")
+# Every contender, in table order. A shape runs its own (Shape.contenders): flex only on the features suite.
+CONTENDERS = ("kernel", *SDPA_PEERS, "flex")
 PEERS = CONTENDERS[1:]
 SDPA_BACKEND_NAMES = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                       "math": "MATH"}
@@ -52,7 +68,9 @@ SDPA_BACKEND_NAMES = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "e
 REFUSAL_HEADERS = {"flash": "flash attention kernel not used because",
                    "cudnn": "cudnn attention kernel not used because",
                    "efficient": "memory efficient kernel not used because"}
-SUITES = ("paper", "fp32", "decode")
+SUITES = ("paper", "fp32", "decode", "features")
+# "all": the suites of the committed runs saved as "--suite all" (docs/bench/h200/); features is asked for by name
+ALL_SUITES = ("paper", "fp32", "decode")
 DTYPES = ("bf16", "fp16", "fp32")
 ELEMENT_SIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
 # Spot-check tolerance on max|kernel - SDPA|, relative to the largest |SDPA output|: rounding errors scale with
@@ -60,7 +78,8 @@ ELEMENT_SIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
 # would pass a kernel that ignores half the keys. bf16 keeps 8 significant bits (one rounding of the output is
 # up to 0.4% of the largest value), fp16 11 bits; fp32 compares ieee with ieee.
 TOLERANCE = {"bf16": 2e-2, "fp16": 1e-2, "fp32": 1e-3}
-# SDPA backends tried, in order, for the reference output. Half precision: the fused backends accumulate in
+# SDPA backends tried, in order, for the reference output (then flex_attention where it is a contender, then the
+# float64 reference on small shapes). Half precision: the fused backends accumulate in
 # fp32 and never materialise the scores (math at 16k tokens needs B*H*N*N scores). fp32: math first (ieee).
 REFERENCE_ORDER = {"bf16": ("flash", "cudnn", "efficient", "math"), "fp16": ("flash", "cudnn", "efficient", "math"),
                    "fp32": ("math", "efficient")}
@@ -75,6 +94,17 @@ DECODE_NQ = (1, 16, 128)
 DECODE_NK = (8192, 32768)
 QUICK_DECODE_NK = (32768,)
 SUMMARY_MIN_NK = 4096
+FEATURE_D = 128
+GQA_HEADS = 32  # Hq; Hkv = 4 (8:1) and 8 (4:1)
+GQA_KV_HEADS = (4, 8)
+GQA_N = (1024, 4096, 16384)
+QUICK_GQA_N = (4096, 16384)
+WINDOW = (1024, 0)  # (left, right): causal, each query sees itself and the 1024 keys before it
+WINDOW_N = (4096, 16384)
+SOFTCAP = 50.0  # Gemma 2's attention logit cap
+SOFTCAP_N = (4096, 16384)
+# The float64 reference (flashcheck.reference) materialises B*H*Nq*Nk scores: only small shapes (the smoke run).
+FLOAT64_MAX_SCORES = 1 << 24
 
 # The sweep's candidates: the tiles and pipelining depths worth trying on a Hopper-class GPU.
 SWEEP_GRID = {"block_m": (64, 128), "block_n": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3, 4)}
@@ -83,9 +113,12 @@ SWEEP_GRID = {"block_m": (64, 128), "block_n": (32, 64, 128), "num_warps": (4, 8
 FP32_SWEEP_GRID = {"block_m": (32, 64), "block_n": (16, 32, 64), "num_warps": (2, 4), "num_stages": (1, 2)}
 SMOKE_SWEEP_GRID = {"block_m": (32,), "block_n": (16, 32), "num_warps": (4,), "num_stages": (1,)}
 
+FLOPS_TEXT = "4*B*H*Nq*Nk*D, halved when causal with Nq == Nk"
+WINDOW_FLOPS_TEXT = "; with a window, 4*B*H*D per visible (query, key) pair"
+
 DEFAULT_OUT_DIR = Path(__file__).resolve().parent.parent / "docs" / "bench"
 CPU_REFUSAL = ("flashcheck bench: needs a CUDA GPU. The CPU backend runs Triton's interpreter, whose timings "
-               "mean nothing; use --smoke to run one tiny shape through the code path.")
+               "mean nothing; use --smoke to run two tiny shapes through the code path.")
 
 
 def attention_flops(B, H, Nq, Nk, D, causal):
@@ -97,7 +130,9 @@ def attention_flops(B, H, Nq, Nk, D, causal):
 
 @dataclass(frozen=True)
 class Shape:
-    """One benchmark problem: q (B, H, Nq, D), k and v (B, H, Nk, D), contiguous, of one dtype."""
+    """One benchmark problem: q (B, H, Nq, D), k and v (B, Hkv, Nk, D), contiguous, of one dtype; the protocol's
+    optional features: Hkv < H (grouped-query attention), window (left, right) (each side None or an int >= 0),
+    softcap (c > 0). Hkv defaults to H."""
     suite: str
     dtype: str
     B: int
@@ -106,6 +141,9 @@ class Shape:
     Nk: int
     D: int
     causal: bool
+    Hkv: int = None
+    window: tuple = None
+    softcap: float = None
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -113,20 +151,62 @@ class Shape:
         if self.causal and self.Nq != self.Nk:
             # SDPA's is_causal is aligned top-left, the protocol's bottom-right: they agree only when Nq == Nk.
             raise ValueError(f"causal shapes need Nq == Nk to compare with SDPA, got Nq={self.Nq}, Nk={self.Nk}")
+        # one spelling per problem (equal shapes compare equal): Hkv given, a window without a bound side is none
+        window = None if self.window is None or tuple(self.window) == (None, None) else tuple(self.window)
+        object.__setattr__(self, "Hkv", self.H if self.Hkv is None else int(self.Hkv))
+        object.__setattr__(self, "window", window)
+        object.__setattr__(self, "softcap", None if self.softcap is None else float(self.softcap))
+        if self.Hkv < 1 or self.H % self.Hkv:
+            raise ValueError(f"H = {self.H} must be a multiple of Hkv = {self.Hkv}")
+
+    def problem(self):
+        """The shape's reference.problem.Problem: the protocol's definition of what it computes."""
+        from flashcheck.reference.problem import Problem   # lazy: numpy, only when a shape needs it
+
+        return Problem.make(self.B, self.H, self.Hkv, self.Nq, self.Nk, self.D, causal=self.causal,
+                            window=self.window, softcap=self.softcap)
+
+    def band(self):
+        """(lo, hi): query i sees key j iff lo <= j - i <= hi (and 0 <= j < Nk), the protocol's window and causal
+        mask; a side without a bound gets one no row reaches."""
+        pb = self.problem()
+        far = self.Nq + self.Nk
+        return (pb.offset - (far if pb.left is None else pb.left),
+                pb.offset + (far if pb.right is None else pb.right))
+
+    @property
+    def features(self):
+        """The optional features the shape uses, as text ("" for plain attention)."""
+        parts = []
+        if self.Hkv != self.H:
+            parts.append(f"gqa {self.H // self.Hkv}:1")
+        if self.window is not None:
+            parts.append("window " + ",".join("inf" if x is None else str(x) for x in self.window))
+        if self.softcap is not None:
+            parts.append(f"softcap {self.softcap:g}")
+        return " ".join(parts)
+
+    @property
+    def contenders(self):
+        """The kernel and the peers run on this shape: flex_attention joins SDPA where a feature is in use."""
+        return ("kernel", *SDPA_PEERS, *(("flex",) if self.features else ()))
 
     @property
     def flops(self):
-        return attention_flops(self.B, self.H, self.Nq, self.Nk, self.D, self.causal)
+        if self.window is None:
+            return attention_flops(self.B, self.H, self.Nq, self.Nk, self.D, self.causal)
+        lo, hi = self.problem().bounds()   # each row's first and last key
+        return 4 * self.B * self.H * self.D * int((hi - lo + 1).clip(min=0).sum())
 
     @property
     def bytes(self):
-        """HBM traffic of a fused kernel: read Q, K, V, write O."""
-        return ELEMENT_SIZE[self.dtype] * self.B * self.H * self.D * (2 * self.Nq + 2 * self.Nk)
+        """HBM traffic of a fused kernel: read Q, K, V (K and V of Hkv heads), write O."""
+        return ELEMENT_SIZE[self.dtype] * self.B * self.D * (2 * self.H * self.Nq + 2 * self.Hkv * self.Nk)
 
     def label(self):
         n = f"N={self.Nq}" if self.Nq == self.Nk else f"Nq={self.Nq} Nk={self.Nk}"
         return (f"{self.suite} {self.dtype} B={self.B} H={self.H} {n} D={self.D}"
-                f"{' causal' if self.causal else ''}")
+                f"{' causal' if self.causal else ''}{' ' + self.features if self.features else ''}")
 
 
 def paper_shapes(quick=False):
@@ -146,16 +226,34 @@ def decode_shapes(quick=False):
             for nk in (QUICK_DECODE_NK if quick else DECODE_NK) for nq in DECODE_NQ]
 
 
+def feature_shapes(quick=False):
+    """The protocol's optional features on paper-like shapes (16k tokens, D = 128, bf16 and fp16): GQA 8:1 and 4:1
+    with Hq = 32, a causal sliding window and Gemma 2's logit softcap with H*D = 2048."""
+    d, halves = FEATURE_D, ("bf16", "fp16")
+    gqa = [Shape("features", dtype, PAPER_TOKENS // n, GQA_HEADS, n, n, d, causal, Hkv=hkv)
+           for dtype in halves for causal in (False, True) for hkv in GQA_KV_HEADS
+           for n in (QUICK_GQA_N if quick else GQA_N)]
+    window = [Shape("features", dtype, PAPER_TOKENS // n, PAPER_WIDTH // d, n, n, d, True, window=WINDOW)
+              for dtype in halves for n in WINDOW_N]
+    softcap = [Shape("features", dtype, PAPER_TOKENS // n, PAPER_WIDTH // d, n, n, d, causal, softcap=SOFTCAP)
+               for dtype in halves for causal in (False, True) for n in SOFTCAP_N]
+    return gqa + window + softcap
+
+
 def smoke_shapes():
-    """One tiny causal fp32 shape (bf16 is silently wrong in the interpreter): several key blocks and a causal
-    diagonal at the sweep's smoke tiles."""
-    return [Shape("smoke", "fp32", 1, 2, 64, 64, 16, True)]
+    """Two tiny causal fp32 shapes (bf16 is silently wrong in the interpreter), with several key blocks and a causal
+    diagonal at the sweep's smoke tiles: plain attention, and GQA 2:1 with a window that hides whole key blocks
+    and a softcap that bends the scores (no SDPA can compute it, and flex_attention is not compiled on the CPU:
+    the float64 reference checks it)."""
+    return [Shape("smoke", "fp32", 1, 2, 64, 64, 16, True),
+            Shape("smoke", "fp32", 1, 4, 64, 64, 16, True, Hkv=2, window=(24, 0), softcap=1.0)]
 
 
 def select_shapes(suites=("all",), dtypes=DTYPES, quick=False):
-    """The shapes of the chosen suites ("all" for every one), keeping only the chosen dtypes."""
-    chosen = SUITES if "all" in suites else suites
-    makers = {"paper": paper_shapes, "fp32": fp32_shapes, "decode": decode_shapes}
+    """The shapes of the chosen suites ("all": ALL_SUITES, with any others named beside it), keeping only the
+    chosen dtypes."""
+    chosen = set(suites) | (set(ALL_SUITES) if "all" in suites else set())
+    makers = {"paper": paper_shapes, "fp32": fp32_shapes, "decode": decode_shapes, "features": feature_shapes}
     return [s for name in SUITES if name in chosen for s in makers[name](quick) if s.dtype in dtypes]
 
 
@@ -250,8 +348,12 @@ def cpu_time(fn, warmup_ms, rep_ms):
     return statistics.median(times)
 
 
+class NotApplicable(Exception):
+    """A contender that cannot compute the shape's function at all; the message says why (an "n/a" cell)."""
+
+
 class Runtime:
-    """torch, triton, the kernel and the timer, imported after the backend is chosen."""
+    """torch, triton, the kernel, flex_attention and the timer, imported after the backend is chosen."""
 
     def __init__(self, on_gpu, warmup, rep, precision="ieee"):
         # lazy, as the class says: Triton and the kernel only once the backend is chosen
@@ -265,6 +367,20 @@ class Runtime:
         self.torch, self.triton, self.F, self.fused = torch, triton, F, fused
         self.SDPBackend, self.sdpa_kernel = SDPBackend, sdpa_kernel
         self.on_gpu = on_gpu
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        except ImportError:
+            create_block_mask = flex_attention = None
+        self.create_block_mask = create_block_mask
+        if flex_attention is None:
+            self.flex, self.flex_note = None, f"torch {torch.__version__} has no flex_attention"
+        elif not on_gpu:
+            # compiling it for the CPU takes about 25 s a shape, and eager flex_attention is not what is timed
+            self.flex, self.flex_note = None, "flex_attention is timed compiled, on the GPU only"
+        else:
+            # static shapes, one graph per shape (Calls.flex resets torch.compile between shapes: past the recompile
+            # limit dynamo would fall back to the eager, unfused flex_attention)
+            self.flex, self.flex_note = torch.compile(flex_attention, dynamic=False), ""
         self.precision = precision   # the kernel's fp32 products (--precision); half precision ignores it
         self.device = "cuda" if on_gpu else "cpu"
         self.dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -291,32 +407,38 @@ class Runtime:
         gen = self.torch.Generator(device=self.device).manual_seed(seed)
         dtype = self.dtypes[shape.dtype]
         q = self.torch.randn((shape.B, shape.H, shape.Nq, shape.D), generator=gen, device=self.device, dtype=dtype)
-        k = self.torch.randn((shape.B, shape.H, shape.Nk, shape.D), generator=gen, device=self.device, dtype=dtype)
-        v = self.torch.randn((shape.B, shape.H, shape.Nk, shape.D), generator=gen, device=self.device, dtype=dtype)
+        k = self.torch.randn((shape.B, shape.Hkv, shape.Nk, shape.D), generator=gen, device=self.device, dtype=dtype)
+        v = self.torch.randn((shape.B, shape.Hkv, shape.Nk, shape.D), generator=gen, device=self.device, dtype=dtype)
         return q, k, v
 
     def backend_enum(self, name):
         return getattr(self.SDPBackend, SDPA_BACKEND_NAMES[name], None)
 
-    def sdpa(self, q, k, v, causal):
-        return self.F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-    def reference(self, shape, q, k, v):
-        """(output, backend name, note): SDPA's output from the first backend of REFERENCE_ORDER that runs."""
+    def reference(self, calls):
+        """(output, name, note): the output of the first that runs of the SDPA backends of REFERENCE_ORDER,
+        flex_attention (where it is one of the shape's contenders) and the float64 reference; the note says why
+        none did."""
+        shape = calls.shape
+        names = (*REFERENCE_ORDER[shape.dtype], *(("flex",) if "flex" in shape.contenders else ()), "float64")
         tried = []
-        for name in REFERENCE_ORDER[shape.dtype]:
-            enum = self.backend_enum(name)
-            if enum is None:
-                tried.append(f"{name}: not in this torch")
-                continue
+        for name in names:
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    with self.sdpa_kernel([enum]):
-                        out = self.sdpa(q, k, v, shape.causal)
-                    self.sync()
+                if name in SDPA_BACKEND_NAMES:
+                    enum = self.backend_enum(name)
+                    if enum is None:
+                        raise NotApplicable("not in this torch")
+                    fn = calls.sdpa()
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        with self.sdpa_kernel([enum]):
+                            out = fn()
+                else:
+                    out = (calls.flex() if name == "flex" else calls.float64())()
+                self.sync()
                 return out, name, ""
-            except Exception as exc:  # a refusal, an out-of-memory: try the next backend
+            except NotApplicable as exc:
+                tried.append(f"{name}: {exc}")
+            except Exception as exc:  # a refusal, an out-of-memory: try the next one
                 tried.append(f"{name}: {describe_error(exc)}")
                 self.release()
         return None, "", "; ".join(tried)
@@ -350,15 +472,32 @@ class Runtime:
             self.release()
             return Cell("error", note=describe_error(exc)), out
 
-    def measure_sdpa(self, peer, q, k, v, causal):
+    def prepared(self, build):
+        """(call, None), or (None, the n/a or error Cell) when build() cannot make the call."""
+        try:
+            return build(), None
+        except NotApplicable as exc:
+            return None, Cell("n/a", note=str(exc))
+        except Exception as exc:  # an out-of-memory building a mask, a compile failure
+            self.release()
+            return None, Cell("error", note=describe_error(exc))
+
+    def measure_peer(self, peer, calls):
+        """The Cell of one peer on one shape's inputs."""
+        if peer == "flex":
+            fn, cell = self.prepared(calls.flex)
+            return cell or self.measure(fn)[0]
         enum = self.backend_enum(peer)
         if enum is None:
             return Cell("n/a", note=f"torch {self.torch.__version__} has no SDPBackend.{SDPA_BACKEND_NAMES[peer]}")
+        fn, cell = self.prepared(calls.sdpa)
+        if cell:
+            return cell
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
                 with self.sdpa_kernel([enum]):
-                    self.sdpa(q, k, v, causal)
+                    fn()
                 self.sync()
             except Exception as exc:
                 if is_refusal(exc):
@@ -367,20 +506,19 @@ class Runtime:
                 self.release()
                 return Cell("error", note=describe_error(exc))
         with self.sdpa_kernel([enum]):
-            cell, _ = self.measure(lambda: self.sdpa(q, k, v, causal))
+            cell, _ = self.measure(fn)
         return cell
 
     def bench_shape(self, shape, blocks):
-        """One Row: the kernel (spot-checked against SDPA), then each forced SDPA backend, on one set of inputs."""
-        row = Row(shape)
+        """One Row: the kernel (spot-checked against the reference), then each peer of the shape, on one set of
+        inputs."""
+        row, calls = Row(shape), None
         try:
             row.kernel_cfg = self.kernel_config(shape, blocks)
-            q, k, v = self.inputs(shape)
-            ref, row.ref_backend, ref_note = self.reference(shape, q, k, v)
+            calls = Calls(self, shape)
+            ref, row.ref_backend, ref_note = self.reference(calls)
             bm, bn = blocks or (None, None)
-            row.cells["kernel"], out = self.measure(
-                lambda: self.fused.attention(q, k, v, causal=shape.causal, block_m=bm, block_n=bn,
-                                             precision=self.precision_of(shape)))
+            row.cells["kernel"], out = self.measure(calls.kernel(bm, bn))
             if ref is None:
                 row.check, row.check_note = "no reference", ref_note
             elif out is None:
@@ -388,33 +526,31 @@ class Runtime:
             else:
                 row.check, row.max_abs_diff, row.ref_max_abs = judge(out, ref, shape.dtype)
             del out, ref
-            for peer in PEERS:
-                row.cells[peer] = self.measure_sdpa(peer, q, k, v, shape.causal)
+            for peer in shape.contenders[1:]:
+                row.cells[peer] = self.measure_peer(peer, calls)
         except Exception as exc:  # a fault outside any one contender (inputs, out of memory): record, go on
             note = describe_error(exc)
-            for name in CONTENDERS:
+            for name in shape.contenders:
                 row.cells.setdefault(name, Cell("error", note=note))
             if row.check == "not run":
                 row.check, row.check_note = "error", note
         finally:
+            calls = None   # the inputs and masks, before the cache is emptied
             self.release()
         return row
 
     def sweep_shape(self, shape, candidates):
         """A SweepRecord per candidate (BLOCK_M, BLOCK_N, num_warps, num_stages) and for the kernel's default
-        configuration, each output spot-checked against SDPA's."""
+        configuration, each output spot-checked against the reference."""
         default = tuple(self.fused.default_blocks(shape.Nq, shape.Nk, shape.D, self.dtypes[shape.dtype],
                                                   self.precision_of(shape)))
         configs = list(candidates) + ([default] if default not in candidates else [])
-        records = []
+        records, calls = [], None
         try:
-            q, k, v = self.inputs(shape)
-            ref, _, ref_note = self.reference(shape, q, k, v)
+            calls = Calls(self, shape)
+            ref, _, ref_note = self.reference(calls)
             for config in configs:
-                bm, bn, warps, stages = config
-                cell, out = self.measure(lambda: self.fused.attention(
-                    q, k, v, causal=shape.causal, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages,
-                    precision=self.precision_of(shape)))
+                cell, out = self.measure(calls.kernel(*config))
                 if ref is None:
                     check, diff, note = "no reference", None, ref_note
                 elif out is None:
@@ -430,8 +566,87 @@ class Runtime:
             records += [SweepRecord(shape, c, c == default, Cell("error", note=note), "error", None, note)
                         for c in configs if c not in done]
         finally:
+            calls = None
             self.release()
         return records
+
+
+class Calls:
+    """One shape's inputs and the calls that compute its attention: the kernel, SDPA (the caller forces the
+    backend), flex_attention and the float64 reference, each a function of no arguments. What a call needs besides
+    q, k and v (SDPA's boolean mask, flex_attention's block mask and compiled graph) is built once, on first use,
+    outside any timing. A call that cannot compute the shape's function raises NotApplicable."""
+
+    def __init__(self, rt, shape):
+        self.rt, self.shape = rt, shape
+        self.q, self.k, self.v = rt.inputs(shape)
+        self._built = {}
+
+    def _once(self, build):
+        if build.__name__ not in self._built:
+            self._built[build.__name__] = build()
+        return self._built[build.__name__]
+
+    def kernel(self, block_m=None, block_n=None, num_warps=None, num_stages=None):
+        rt, s = self.rt, self.shape
+        return lambda: rt.fused.attention(self.q, self.k, self.v, causal=s.causal, window=s.window,
+                                          softcap=s.softcap, block_m=block_m, block_n=block_n, num_warps=num_warps,
+                                          num_stages=num_stages, precision=rt.precision_of(s))
+
+    def visible(self):
+        """(Nq, Nk) bool on the device, True where the query sees the key (Shape.band)."""
+        torch, s = self.rt.torch, self.shape
+        lo, hi = s.band()
+        d = torch.arange(s.Nk, device=self.rt.device)[None, :] - torch.arange(s.Nq, device=self.rt.device)[:, None]
+        return (d >= lo) & (d <= hi)
+
+    def sdpa(self):
+        return self._once(self._sdpa)
+
+    def _sdpa(self):
+        s, F = self.shape, self.rt.F
+        if s.softcap is not None:
+            raise NotApplicable("SDPA has no softcap")
+        kwargs = {"enable_gqa": True} if s.Hkv != s.H else {}
+        if s.window is not None:   # a boolean mask, True where a query attends (is_causal would align top-left)
+            kwargs["attn_mask"] = self.visible()
+        else:
+            kwargs["is_causal"] = s.causal
+        return lambda: F.scaled_dot_product_attention(self.q, self.k, self.v, **kwargs)
+
+    def flex(self):
+        return self._once(self._flex)
+
+    def _flex(self):
+        rt, s = self.rt, self.shape
+        if rt.flex is None:
+            raise NotApplicable(rt.flex_note)
+        block_mask = score_mod = None
+        if s.window is not None or s.causal:
+            lo, hi = s.band()
+
+            def sees(b, h, q_idx, kv_idx):
+                return (kv_idx - q_idx >= lo) & (kv_idx - q_idx <= hi)
+
+            block_mask = rt.create_block_mask(sees, None, None, s.Nq, s.Nk, device=rt.device)
+        if s.softcap is not None:
+            cap, tanh = s.softcap, rt.torch.tanh
+
+            def score_mod(score, b, h, q_idx, kv_idx):
+                return cap * tanh(score / cap)
+
+        gqa = s.Hkv != s.H
+        rt.torch.compiler.reset()   # one graph per shape, never the recompile limit (Runtime.__init__)
+        return lambda: rt.flex(self.q, self.k, self.v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)
+
+    def float64(self):
+        s = self.shape
+        if s.B * s.H * s.Nq * s.Nk > FLOAT64_MAX_SCORES:
+            raise NotApplicable(f"B*H*Nq*Nk above {FLOAT64_MAX_SCORES} scores")
+        from flashcheck.reference.torch_ref import attention   # lazy, as Runtime's imports
+
+        pb = s.problem()
+        return lambda: attention(self.q, self.k, self.v, upcast=True, problem=pb)[0]
 
 
 @dataclass
@@ -468,12 +683,22 @@ def sweep_candidates(smoke=False, blocks=None, dtype="bf16", precision="ieee"):
 
 
 def group_key(shape):
-    return shape.suite, shape.dtype, shape.D, shape.causal
+    return shape.suite, shape.dtype, shape.D, shape.causal, shape.features
 
 
 def group_text(key):
-    suite, dtype, d, causal = key
-    return f"{suite} {dtype} D={d} {'causal' if causal else 'non-causal'}"
+    suite, dtype, d, causal, features = key
+    return f"{suite} {dtype} D={d} {'causal' if causal else 'non-causal'}" + (f" {features}" if features else "")
+
+
+def contenders_of(rows):
+    """The contenders that ran on some row, in table order: the columns a table or a CSV needs (a run or a saved
+    file without the features suite has no flex column)."""
+    return [c for c in CONTENDERS if any(c in r.cells for r in rows)]
+
+
+def contenders_of_shapes(shapes):
+    return [c for c in CONTENDERS if any(c in s.contenders for s in shapes)]
 
 
 def geomean(values):
@@ -523,17 +748,17 @@ def best_configs(records):
 
 
 def summarize(rows, min_nk=SUMMARY_MIN_NK):
-    """Median kernel/peer ratio per (suite, dtype, D, causal) over the shapes with Nk >= min_nk where the kernel
-    was timed and its output passed the spot-check (a WRONG kernel's speed is not counted)."""
+    """Median kernel/peer ratio per (suite, dtype, D, causal, features) over the shapes with Nk >= min_nk where the
+    kernel was timed and its output passed the spot-check (a WRONG kernel's speed is not counted)."""
     groups = {}
     for r in rows:
         if r.shape.Nk >= min_nk and r.check == "ok" and r.tflops("kernel") is not None:
             groups.setdefault(group_key(r.shape), []).append(r)
     summary = []
     for key, rs in groups.items():
-        suite, dtype, d, causal = key
-        entry = {"suite": suite, "dtype": dtype, "D": d, "causal": causal, "shapes": len(rs)}
-        for peer in PEERS:
+        suite, dtype, d, causal, features = key
+        entry = {"suite": suite, "dtype": dtype, "D": d, "causal": causal, "features": features, "shapes": len(rs)}
+        for peer in contenders_of(rs)[1:]:
             ratios = [x for x in (r.ratio(peer) for r in rs) if x is not None]
             entry[f"kernel/{peer}"] = statistics.median(ratios) if ratios else None
             entry[f"n_{peer}"] = len(ratios)
@@ -565,13 +790,15 @@ def format_table(rows):
             return text
         return f"{text}[{notes.setdefault(note, len(notes) + 1)}]"
 
-    headers = ["suite", "dtype", "B", "H", "Nq", "Nk", "D", "causal", *CONTENDERS,
-               *(f"k/{p}" for p in PEERS), "kernel cfg", "max|diff|", "check"]
+    contenders = contenders_of(rows)
+    featured = any(r.shape.features for r in rows)
+    headers = ["suite", "dtype", "B", "H", "Nq", "Nk", "D", "causal", *(["features"] if featured else []), *contenders,
+               *(f"k/{p}" for p in contenders[1:]), "kernel cfg", "max|diff|", "check"]
     body = []
     for r in rows:
         s = r.shape
         cells = []
-        for c in CONTENDERS:
+        for c in contenders:
             cell = r.cells.get(c)
             if cell is None:
                 cells.append("-")
@@ -580,10 +807,12 @@ def format_table(rows):
             else:
                 cells.append(noted(cell.status, f"{c} {cell.status}: {cell.note}"))
         check_note = f"check {r.check}: {r.check_note}" if r.check_note else ""
-        body.append([s.suite, s.dtype, s.B, s.H, s.Nq, s.Nk, s.D, "yes" if s.causal else "no", *cells,
-                     *(_fmt(r.ratio(p), ".2f") for p in PEERS), r.kernel_cfg, _fmt(r.max_abs_diff, ".2g"),
+        body.append([s.suite, s.dtype, s.B, s.H, s.Nq, s.Nk, s.D, "yes" if s.causal else "no",
+                     *([s.features or "-"] if featured else []), *cells,
+                     *(_fmt(r.ratio(p), ".2f") for p in contenders[1:]), r.kernel_cfg, _fmt(r.max_abs_diff, ".2g"),
                      noted(r.check, check_note)])
-    lines = ["TFLOP/s (FLOPs = 4*B*H*Nq*Nk*D, halved when causal with Nq == Nk); k/peer > 1: the kernel is faster"]
+    flops = FLOPS_TEXT + (WINDOW_FLOPS_TEXT if any(r.shape.window for r in rows) else "")
+    lines = [f"TFLOP/s (FLOPs = {flops}); k/peer > 1: the kernel is faster"]
     lines += _columns_text(headers, body, left=2)
     lines += [f"[{n}] {text}" for text, n in notes.items()]
     return "\n".join(lines)
@@ -592,9 +821,13 @@ def format_table(rows):
 def format_summary(summary):
     if not summary:
         return f"summary: no spot-checked shape with Nk >= {SUMMARY_MIN_NK}"
-    headers = ["suite", "dtype", "D", "causal", "shapes", *(f"k/{p}" for p in PEERS)]
-    body = [[e["suite"], e["dtype"], e["D"], "yes" if e["causal"] else "no", e["shapes"],
-             *(_fmt(e[f"kernel/{p}"], ".2f") for p in PEERS)] for e in summary]
+    peers = [p for p in PEERS if any(f"kernel/{p}" in e for e in summary)]
+    featured = any(e.get("features") for e in summary)
+    headers = ["suite", "dtype", "D", "causal", *(["features"] if featured else []), "shapes",
+               *(f"k/{p}" for p in peers)]
+    body = [[e["suite"], e["dtype"], e["D"], "yes" if e["causal"] else "no",
+             *([e.get("features") or "-"] if featured else []), e["shapes"],
+             *(_fmt(e.get(f"kernel/{p}"), ".2f") for p in peers)] for e in summary]
     return "\n".join([f"median kernel/peer TFLOP/s ratio over shapes with Nk >= {SUMMARY_MIN_NK}:",
                       *_columns_text(headers, body, left=2)])
 
@@ -618,28 +851,39 @@ def _num(x):
     return x if math.isfinite(x) else str(x)
 
 
-SHAPE_COLUMNS = ["suite", "dtype", "B", "H", "Nq", "Nk", "D", "causal", "flops", "bytes"]
-CSV_COLUMNS = (SHAPE_COLUMNS
-               + [f"{c}_{x}" for c in CONTENDERS for x in ("status", "ms", "tflops", "gbps", "note")]
-               + [f"kernel/{p}" for p in PEERS]
-               + ["kernel_cfg", "ref_backend", "max_abs_diff", "ref_max_abs", "tolerance", "check", "check_note"])
+SHAPE_COLUMNS = ["suite", "dtype", "B", "H", "Hkv", "Nq", "Nk", "D", "causal", "window_left", "window_right",
+                 "softcap", "flops", "bytes"]
+
+
+def csv_columns(contenders=CONTENDERS):
+    """The columns of bench.csv for these contenders (a run writes those of contenders_of(its rows))."""
+    return (SHAPE_COLUMNS
+            + [f"{c}_{x}" for c in contenders for x in ("status", "ms", "tflops", "gbps", "note")]
+            + [f"kernel/{p}" for p in contenders if p != "kernel"]
+            + ["kernel_cfg", "ref_backend", "max_abs_diff", "ref_max_abs", "tolerance", "check", "check_note"])
+
+
+CSV_COLUMNS = csv_columns()
 SWEEP_COLUMNS = (SHAPE_COLUMNS + ["block_m", "block_n", "num_warps", "num_stages", "is_default", "status", "ms",
                                   "tflops", "max_abs_diff", "check", "note"])
 
 
 def _shape_record(s):
-    return {"suite": s.suite, "dtype": s.dtype, "B": s.B, "H": s.H, "Nq": s.Nq, "Nk": s.Nk, "D": s.D,
-            "causal": s.causal, "flops": s.flops, "bytes": s.bytes}
+    left, right = s.window or (None, None)
+    return {"suite": s.suite, "dtype": s.dtype, "B": s.B, "H": s.H, "Hkv": s.Hkv, "Nq": s.Nq, "Nk": s.Nk, "D": s.D,
+            "causal": s.causal, "window_left": left, "window_right": right, "softcap": s.softcap, "flops": s.flops,
+            "bytes": s.bytes}
 
 
 def row_record(r):
-    """One Row as a flat dict keyed by CSV_COLUMNS."""
+    """One Row as a flat dict keyed by csv_columns(): the columns of the shape's own contenders (no flex_* keys
+    for a shape without features)."""
     rec = _shape_record(r.shape)
-    for c in CONTENDERS:
+    for c in r.shape.contenders:
         cell = r.cells.get(c, Cell("error", note="not run"))
         rec.update({f"{c}_status": cell.status, f"{c}_ms": _num(cell.ms), f"{c}_tflops": _num(r.tflops(c)),
                     f"{c}_gbps": _num(r.gbps(c)), f"{c}_note": cell.note})
-    rec.update({f"kernel/{p}": _num(r.ratio(p)) for p in PEERS})
+    rec.update({f"kernel/{p}": _num(r.ratio(p)) for p in r.shape.contenders[1:]})
     rec.update({"kernel_cfg": r.kernel_cfg, "ref_backend": r.ref_backend, "max_abs_diff": _num(r.max_abs_diff),
                 "ref_max_abs": _num(r.ref_max_abs), "tolerance": TOLERANCE[r.shape.dtype], "check": r.check,
                 "check_note": r.check_note})
@@ -647,11 +891,13 @@ def row_record(r):
 
 
 def row_from_record(rec):
-    """The Row a row_record came from (times, not derived figures, are what it keeps): for --show."""
+    """The Row a row_record came from (times, not derived figures, are what it keeps): for --show. Reads the
+    records of older runs too (no Hkv, window or softcap: plain attention; no flex_* keys: flex did not run)."""
+    window = (rec.get("window_left"), rec.get("window_right"))
     shape = Shape(rec["suite"], rec["dtype"], int(rec["B"]), int(rec["H"]), int(rec["Nq"]), int(rec["Nk"]),
-                  int(rec["D"]), bool(rec["causal"]))
+                  int(rec["D"]), bool(rec["causal"]), Hkv=rec.get("Hkv"), window=window, softcap=rec.get("softcap"))
     cells = {c: Cell(rec[f"{c}_status"], rec[f"{c}_ms"] if isinstance(rec[f"{c}_ms"], (int, float)) else None,
-                     rec[f"{c}_note"]) for c in CONTENDERS}
+                     rec[f"{c}_note"]) for c in CONTENDERS if rec.get(f"{c}_status")}
     return Row(shape, cells, rec["kernel_cfg"], rec["ref_backend"], rec["max_abs_diff"], rec["ref_max_abs"],
                rec["check"], rec["check_note"])
 
@@ -695,7 +941,8 @@ def write_csv(path, meta, columns, records):
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         for rec in records:
-            writer.writerow({k: _csv_value(rec[k]) for k in columns})
+            # a contender that did not run on this row (flex beside a paper shape) leaves its columns empty
+            writer.writerow({k: _csv_value(rec.get(k)) for k in columns})
 
 
 def write_json(path, document):
@@ -707,7 +954,7 @@ def write_json(path, document):
 
 
 def plot(rows, meta, path):
-    """A PNG: one panel per (suite, dtype, D, causal) (decode: per Nk too), TFLOP/s of each contender against
+    """A PNG: one panel per (suite, dtype, D, causal, features) (decode: per Nk too), TFLOP/s of each contender against
     the sequence length. Returns None, or why no plot was written (matplotlib is optional).
 
     Drawn with matplotlib from the measured rows rather than through triton.testing.perf_report, which
@@ -804,8 +1051,8 @@ def collect_meta(rt, args, date):
     meta.update({"torch": torch.__version__, "triton": rt.triton.__version__, "cuda": torch.version.cuda or "none",
                  "cudnn": str(torch.backends.cudnn.version()), "python": platform.python_version(),
                  "timer": rt.timer, "tf32": "off (torch.backends.cuda.matmul.allow_tf32 = False, cudnn too)",
-                 "flops": "4*B*H*Nq*Nk*D, halved when causal and Nq == Nk",
-                 "check": "max|kernel - SDPA| <= tol * max|SDPA|, tol " +
+                 "flops": FLOPS_TEXT + WINDOW_FLOPS_TEXT,
+                 "check": "max|kernel - reference| <= tol * max|reference| (the reference: ref_backend), tol " +
                           ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items()),
                  "kernel_blocks": (f"{args.blocks[0]}x{args.blocks[1]} (--blocks)" if args.blocks
                                    else "flashcheck.kernel.fused.default_blocks"),
@@ -843,12 +1090,13 @@ def _positive_ms(text):
 def add_arguments(parser):
     parser.add_argument("--suite", nargs="+", choices=(*SUITES, "all"), default=["all"],
                         help="paper (FlashAttention paper shapes), fp32 (ieee, against efficient), decode "
-                             "(Nq in 1..128 against Nk in 8k..32k); default all")
+                             "(Nq in 1..128 against Nk in 8k..32k), features (GQA 8:1 and 4:1, a sliding window, "
+                             "a logit softcap; SDPA and flex_attention); default all: paper, fp32 and decode")
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES),
                         help="keep only the shapes of these dtypes (default all)")
     parser.add_argument("--quick", action="store_true",
                         help=f"reduced set: paper N in {QUICK_PAPER_N}, fp32 N in {QUICK_FP32_N}, "
-                             f"decode Nk in {QUICK_DECODE_NK}")
+                             f"decode Nk in {QUICK_DECODE_NK}, features GQA N in {QUICK_GQA_N}")
     parser.add_argument("--warmup", type=_positive_ms, default=25.0, help="do_bench warmup, ms (default 25)")
     parser.add_argument("--rep", type=_positive_ms, default=100.0, help="do_bench repetition time, ms (default 100)")
     parser.add_argument("--blocks", type=parse_blocks, metavar="BMxBN",
@@ -862,7 +1110,8 @@ def add_arguments(parser):
     parser.add_argument("--show", type=Path, metavar="JSON",
                         help="print the table of a saved run (its bench.json) and exit; needs no GPU")
     parser.add_argument("--smoke", action="store_true",
-                        help="one tiny shape (on the CPU through Triton's interpreter): exercises the code path")
+                        help="two tiny shapes, plain and with features (on the CPU through Triton's interpreter): "
+                             "exercises the code path")
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
                         help="where bench.csv/.png/.json go (smoke.*, bench_sweep.* for the other modes)")
     parser.add_argument("--csv", type=Path, help="CSV path (default OUT_DIR/bench.csv)")
@@ -910,10 +1159,12 @@ def run(args):
     with no_tf32():
         if args.sweep_blocks:
             return _run_sweep(rt, args, shapes, paths, meta, started)
-        # flash and cuDNN refuse fp32 at once: two timings per fp32 shape
-        timings = sum(2 if s.dtype == "fp32" else len(CONTENDERS) for s in shapes)
-        _progress(f"flashcheck bench: {len(shapes)} shapes x {len(CONTENDERS)} contenders on {rt.device}, "
-                  f"{rt.timer}; about {estimate_seconds(timings, args.warmup, args.rep):.0f} s plus compilation")
+        # flash and cuDNN refuse fp32 at once, SDPA cannot softcap: two timings per such shape
+        timings = sum(2 if s.dtype == "fp32" or s.softcap else len(s.contenders) for s in shapes)
+        compiles = sum("flex" in s.contenders for s in shapes) if rt.flex else 0
+        _progress(f"flashcheck bench: {len(shapes)} shapes x up to {len(contenders_of_shapes(shapes))} contenders "
+                  f"on {rt.device}, {rt.timer}; about {estimate_seconds(timings, args.warmup, args.rep):.0f} s plus "
+                  "compilation" + (f" (flex_attention compiles once per shape: {compiles} shapes)" if compiles else ""))
         rows = []
         for i, shape in enumerate(shapes, 1):
             _progress(f"[{i}/{len(shapes)}] {shape.label()}")
@@ -926,7 +1177,7 @@ def run(args):
         plot_note = f"plot failed: {describe_error(exc)}"
     meta["plot"] = str(paths["plot"]) if plot_note is None else f"skipped: {plot_note}"
     meta["wall_s"] = round(time.perf_counter() - started, 1)
-    write_csv(paths["csv"], meta, CSV_COLUMNS, [row_record(r) for r in rows])
+    write_csv(paths["csv"], meta, csv_columns(contenders_of(rows)), [row_record(r) for r in rows])
     write_json(paths["json"], {"meta": meta, "results": [row_record(r) for r in rows], "summary": summary})
     print(format_table(rows))
     print()

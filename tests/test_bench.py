@@ -1,5 +1,6 @@
-"""flashcheck bench: the FLOP formula, the shape suites, the spot-check, the writers (on synthetic results), the
-sweep's launcher, and the command end to end on one tiny shape (--smoke)."""
+"""flashcheck bench: the FLOP formula, the shape suites (features: GQA, a window, a softcap), the spot-check and the
+peers' conventions, the writers (on synthetic results; --show of the committed runs), the sweep's launcher, and the
+command end to end on two tiny shapes (--smoke)."""
 import argparse
 import csv
 import importlib.util
@@ -79,12 +80,63 @@ def test_fp32_and_decode_suites():
 
 def test_select_shapes_filters_suites_and_dtypes():
     everything = bench.select_shapes()
-    assert len(everything) == 48 + 8 + 6
+    # "all" is the committed runs' suites: features is asked for by name
+    assert len(everything) == 48 + 8 + 6 and "features" not in {s.suite for s in everything}
     assert [s.suite for s in everything] == sorted((s.suite for s in everything), key=bench.SUITES.index)
     only_bf16 = bench.select_shapes(("all",), ("bf16",))
     assert {s.dtype for s in only_bf16} == {"bf16"} and {s.suite for s in only_bf16} == {"paper", "decode"}
     assert {s.suite for s in bench.select_shapes(("decode",))} == {"decode"}
     assert bench.select_shapes(("fp32",), ("bf16", "fp16")) == []
+    features = bench.select_shapes(("features",))
+    assert features == bench.feature_shapes() and len(features) == 36
+    both = bench.select_shapes(("all", "features"))
+    assert both == everything + features
+    assert bench.select_shapes(("features",), ("fp32",)) == []
+    assert len(bench.select_shapes(("features",), quick=True)) == 28
+    assert _args("--suite", "features").suite == ["features"]
+    with pytest.raises(SystemExit):
+        _args("--suite", "gqa")
+
+
+def test_feature_suite_shapes_flops_bytes_and_labels():
+    shapes = bench.feature_shapes()
+    assert {s.dtype for s in shapes} == {"bf16", "fp16"} and all(s.suite == "features" for s in shapes)
+    assert all(s.B * s.Nq == 16384 and s.Nq == s.Nk and s.D == 128 for s in shapes)
+    gqa = [s for s in shapes if s.Hkv != s.H]
+    assert {(s.H, s.Hkv, s.Nq, s.causal) for s in gqa} == {(32, hkv, n, c) for hkv in (4, 8)
+                                                          for n in (1024, 4096, 16384) for c in (False, True)}
+    assert all(s.window is None and s.softcap is None for s in gqa)
+    window = [s for s in shapes if s.window]
+    assert {(s.Nq, s.window, s.causal, s.H, s.Hkv) for s in window} == {(n, (1024, 0), True, 16, 16)
+                                                                         for n in (4096, 16384)}
+    softcap = [s for s in shapes if s.softcap]
+    assert {(s.Nq, s.causal, s.softcap) for s in softcap} == {(n, c, 50.0) for n in (4096, 16384)
+                                                              for c in (False, True)}
+    assert len(gqa) + len(window) + len(softcap) == len(shapes) == 36
+    assert all(s.contenders == bench.CONTENDERS for s in shapes)  # flex joins SDPA on every feature shape
+    assert all("flex" not in s.contenders for s in bench.select_shapes())
+
+    g = next(s for s in gqa if (s.Hkv, s.Nq, s.causal, s.dtype) == (4, 4096, True, "bf16"))
+    assert g.label() == "features bf16 B=4 H=32 N=4096 D=128 causal gqa 8:1"
+    # FLOPs count the query heads; bytes read K and V of Hkv heads: 2 B * D * (2*Hq*N + 2*Hkv*N)
+    assert g.flops == 4 * 4 * 32 * 4096 * 4096 * 128 // 2
+    assert g.bytes == 2 * 4 * 128 * (2 * 32 * 4096 + 2 * 4 * 4096)
+    w = next(s for s in window if (s.Nq, s.dtype) == (4096, "fp16"))
+    assert w.label() == "features fp16 B=4 H=16 N=4096 D=128 causal window 1024,0"
+    # row i sees keys max(0, i - 1024) .. i: i + 1 of them for the first 1024 rows, 1025 after
+    pairs = sum(min(i, 1024) + 1 for i in range(4096))
+    assert pairs == 1024 * 1025 // 2 + (4096 - 1024) * 1025
+    assert w.flops == 4 * 4 * 16 * 128 * pairs and w.bytes == 2 * 4 * 16 * 128 * 4 * 4096
+    c = next(s for s in softcap if (s.Nq, s.causal, s.dtype) == (16384, False, "bf16"))
+    assert c.label() == "features bf16 B=1 H=16 N=16384 D=128 softcap 50"
+    assert c.flops == 4 * 16 * 16384 * 16384 * 128  # the tanh is not counted
+    # a window of unbounded sides is no window; a window counts exactly what it lets through, bottom-right aligned
+    assert bench.Shape("x", "fp32", 1, 1, 8, 8, 16, False, window=(None, None)) == bench.Shape("x", "fp32", 1, 1, 8,
+                                                                                                8, 16, False)
+    cross = bench.Shape("x", "fp32", 1, 1, 4, 8, 16, False, window=(1, 1))   # row i sees keys i+3 .. i+5, clipped
+    assert cross.flops == 4 * 16 * (3 + 3 + 3 + 2) and cross.band() == (3, 5)
+    with pytest.raises(ValueError, match="multiple of Hkv"):
+        bench.Shape("x", "bf16", 1, 6, 8, 8, 16, False, Hkv=4)
 
 
 def test_causal_shapes_need_equal_lengths():
@@ -146,7 +198,7 @@ def _row(shape, kernel_ms, peer_ms, check="ok", diff=1e-3):
                     check=check)
     row.cells["kernel"] = (bench.Cell("ok", ms=kernel_ms) if kernel_ms
                            else bench.Cell("error", note="OutOfResources: shared memory"))
-    for peer in bench.PEERS:
+    for peer in shape.contenders[1:]:
         ms = peer_ms.get(peer)
         row.cells[peer] = bench.Cell("ok", ms=ms) if ms else bench.Cell("n/a", note=f"{peer} refuses fp32")
     return row
@@ -184,6 +236,90 @@ def test_table_shows_ratios_refusals_and_wrong_results():
     assert "flash n/a: flash refuses fp32" in text
     summary = bench.format_summary(bench.summarize(rows))
     assert "2.00" in summary and "4.00" in summary
+
+
+def test_table_summary_and_records_of_feature_rows(tmp_path, capsys):
+    """flex and the features column appear only where a features row is; records keep the features, and --show
+    reads them back."""
+    f = {s.label(): s for s in bench.feature_shapes()}
+    gqa = f["features bf16 B=1 H=32 N=16384 D=128 gqa 8:1"]
+    cap = f["features bf16 B=1 H=16 N=16384 D=128 softcap 50"]
+    rows = _synthetic_rows()[:1] + [
+        _row(gqa, 1.0, {"flash": 2.0, "cudnn": 1.0, "flex": 1.5}),
+        _row(cap, 1.0, {"flex": 3.0}),
+    ]
+    assert bench.contenders_of(rows) == list(bench.CONTENDERS)
+    lines = bench.format_table(rows).splitlines()
+    assert lines[1].split()[8:10] == ["features", "kernel"] and "k/flex" in lines[1]
+    paper = lines[2].split()
+    assert (paper[8], paper[13], paper[17]) == ("-", "-", "-")  # no features, no flex cell, no k/flex
+    assert lines[3].split()[8:10] == ["gqa", "8:1"] and lines[3].split()[-6] == "1.50"
+    assert lines[4].split()[8:10] == ["softcap", "50"] and lines[4].split()[-6] == "3.00"
+    summary = bench.summarize(rows)
+    by_features = {e["features"]: e for e in summary}
+    assert by_features["softcap 50"]["kernel/flex"] == pytest.approx(3.0)
+    assert by_features["softcap 50"]["kernel/flash"] is None and "kernel/flex" not in by_features[""]
+    assert "features" in bench.format_summary(summary).splitlines()[1]
+    records = [bench.row_record(r) for r in rows]
+    assert "flex_status" not in records[0] and records[1]["flex_status"] == "ok"
+    assert (records[1]["Hkv"], records[2]["softcap"], records[0]["Hkv"], records[0]["window_left"]) == (4, 50.0, 32, None)
+    assert [bench.row_from_record(r).shape for r in records] == [r.shape for r in rows]
+    columns = bench.csv_columns(bench.contenders_of(rows))
+    bench.write_csv(tmp_path / "f.csv", {}, columns, records)
+    _, got = _read_csv(tmp_path / "f.csv")
+    assert (got[0]["flex_status"], got[1]["Hkv"], got[2]["softcap"], got[0]["window_left"]) == ("", "4", "50", "")
+    assert bench.csv_columns(["kernel", "flash"])[-9:-7] == ["flash_note", "kernel/flash"]
+    bench.write_json(tmp_path / "f.json", {"meta": {"tool": "flashcheck bench", "options": "--suite features",
+                                                     "gpu": "test", "torch": "-", "triton": "-", "date": "-"},
+                                            "results": records})
+    assert bench.run(_args("--show", str(tmp_path / "f.json"))) == 0
+    assert capsys.readouterr().out.splitlines()[1:len(lines) + 1] == lines
+
+
+@pytest.mark.parametrize("run", ["", "tf32x3", "quick-8cfa8af", "fp32-1de7b74"])
+def test_show_reads_the_committed_runs_as_they_were(run, capsys):
+    """Records written before the features suite (no Hkv, window, softcap or flex columns) read back into the same
+    table: --show of each committed run prints its table.txt."""
+    folder = ROOT / "docs" / "bench" / "h200" / run
+    assert bench.run(_args("--show", str(folder / "bench.json"))) == 0
+    assert capsys.readouterr().out == (folder / "table.txt").read_text()
+
+
+def test_peer_calls_compute_the_protocols_function():
+    """The bench's SDPA call (enable_gqa, the window as a boolean mask) and its flex_attention call (block mask,
+    softcap score_mod, enable_gqa; eager here) against the float64 reference, on the CPU; and a kernel that drops
+    a feature is WRONG against it."""
+    import dataclasses
+    import warnings
+
+    from torch.nn.attention.flex_attention import flex_attention
+
+    rt = bench.Runtime(on_gpu=False, warmup=1, rep=1)
+    assert rt.flex is None and "GPU" in rt.flex_note
+    rt.flex = flex_attention
+    full = bench.Shape("smoke", "fp32", 1, 4, 40, 40, 16, True, Hkv=2, window=(7, 0), softcap=1.0)
+    cross = bench.Shape("smoke", "fp32", 1, 4, 24, 40, 16, False, Hkv=1, window=(5, 3))
+    for shape in (full, dataclasses.replace(full, softcap=None), dataclasses.replace(full, window=None), cross):
+        calls = bench.Calls(rt, shape)
+        ref = calls.float64()()
+        assert ref.dtype == torch.float64
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # eager flex_attention warns that it is not compiled
+            assert bench.judge(calls.flex()(), ref, "fp32")[0] == "ok", shape.label()
+        if shape.softcap is None:
+            with rt.sdpa_kernel([rt.backend_enum("math")]):
+                assert bench.judge(calls.sdpa()(), ref, "fp32")[0] == "ok", shape.label()
+        else:
+            with pytest.raises(bench.NotApplicable, match="SDPA has no softcap"):
+                calls.sdpa()
+    calls = bench.Calls(rt, full)
+    ref = calls.float64()()
+    assert bench.judge(calls.kernel()(), ref, "fp32")[0] == "ok"
+    for dropped in ({"window": None}, {"softcap": None}):   # the same inputs (seed), one feature ignored
+        assert bench.judge(bench.Calls(rt, dataclasses.replace(full, **dropped)).kernel()(), ref, "fp32")[0] == \
+            "WRONG", dropped
+    calls.k, calls.v = calls.k.flip(1), calls.v.flip(1)   # each query head reads the other group's kv head
+    assert bench.judge(calls.kernel()(), ref, "fp32")[0] == "WRONG"
 
 
 def test_csv_and_json_writers(tmp_path):
@@ -252,17 +388,26 @@ def test_cpu_without_smoke_exits_2():
 def test_smoke_end_to_end(tmp_path, capsys):
     assert bench.run(_args("--smoke", "--out-dir", str(tmp_path), "--warmup", "1", "--rep", "1")) == 0
     out = capsys.readouterr()
-    assert "k/flash" in out.out and "[1/1] smoke fp32" in out.err
-    meta, (row,) = _read_csv(tmp_path / "smoke.csv")
+    assert "k/flash" in out.out and "k/flex" in out.out and "[1/2] smoke fp32" in out.err
+    assert "[2/2] smoke fp32 B=1 H=4 N=64 D=16 causal gqa 2:1 window 24,0 softcap 1" in out.err
+    meta, (row, featured) = _read_csv(tmp_path / "smoke.csv")
     assert {"torch", "triton", "date", "timer", "kernel_source"} <= set(meta)
     assert meta["kernel_source"].startswith("fused.py sha256 "), meta["kernel_source"]
     assert ("gpu" in meta) != ("device" in meta)
-    assert (row["kernel_status"], row["check"]) == ("ok", "ok")
-    assert float(row["kernel_tflops"]) > 0 and float(row["max_abs_diff"]) <= 1e-3 * float(row["ref_max_abs"])
-    assert row["cudnn_status"] == "n/a", row["cudnn_note"]  # cuDNN has no fp32 attention (and no CPU one)
-    assert all(row[f"{c}_status"] in ("ok", "n/a", "error") for c in bench.CONTENDERS)
+    for r in (row, featured):
+        assert (r["kernel_status"], r["check"]) == ("ok", "ok")
+        assert float(r["kernel_tflops"]) > 0 and float(r["max_abs_diff"]) <= 1e-3 * float(r["ref_max_abs"])
+        assert r["cudnn_status"] == "n/a", r["cudnn_note"]  # cuDNN has no fp32 attention (and no CPU one)
+    assert all(row[f"{c}_status"] in ("ok", "n/a", "error") for c in bench.SDPA_PEERS) and row["flex_status"] == ""
+    # the features row: no SDPA softcaps, flex_attention is not compiled on the CPU; the float64 reference checks it
+    assert (featured["Hkv"], featured["window_left"], featured["window_right"], featured["softcap"]) == \
+        ("2", "24", "0", "1")
+    assert featured["ref_backend"] == "float64"
+    assert all(featured[f"{c}_status"] == "n/a" for c in bench.PEERS), featured
+    assert featured["flash_note"] == "SDPA has no softcap"
+    assert int(featured["flops"]) == 4 * 4 * 16 * sum(min(i, 24) + 1 for i in range(64))
     doc = _strict_json(tmp_path / "smoke.json")
-    assert doc["meta"]["torch"] == torch.__version__ and len(doc["results"]) == 1
+    assert doc["meta"]["torch"] == torch.__version__ and len(doc["results"]) == 2
     has_png = (tmp_path / "smoke.png").exists()
     assert has_png == (importlib.util.find_spec("matplotlib") is not None), doc["meta"]["plot"]
     # --show re-prints a saved run's table and summary from its JSON, without measuring anything
@@ -277,8 +422,10 @@ def test_smoke_sweep(tmp_path, capsys):
     assert "best per group" in capsys.readouterr().out
     _, records = _read_csv(tmp_path / "smoke_sweep.csv")
     candidates = bench.sweep_candidates(smoke=True)
-    assert len(records) in (len(candidates), len(candidates) + 1)
-    assert sum(r["is_default"] == "True" for r in records) == 1
+    for shape in bench.smoke_shapes():   # the features shape's candidates run with its features
+        mine = [r for r in records if (r["H"], r["Hkv"]) == (str(shape.H), str(shape.Hkv))]
+        assert len(mine) in (len(candidates), len(candidates) + 1)
+        assert sum(r["is_default"] == "True" for r in mine) == 1
     bad = [r for r in records if (r["status"], r["check"]) != ("ok", "ok")]
     assert not bad, bad
     assert not math.isnan(float(records[0]["tflops"]))
