@@ -99,13 +99,54 @@ def _window_side(name, x):
     return int(x)
 
 
-def check_features(q, causal, window, softcap, alibi_slopes):
+def check_offsets(cu_seqlens_q, cu_seqlens_k, total_q, total_k, device, max_seqlen_q=None, max_seqlen_k=None):
+    """Validate the cumulative offsets of packed sequences (attention_varlen); return (batch, longest query
+    sequence, longest key sequence). Each is an int32 vector of length batch + 1 on the tensors' device, starting at
+    0, non-decreasing, ending at the packed row count; max_seqlen_q/k, when given, must bound every sequence's
+    length (a smaller one would silently truncate the longer sequences). Reads the offsets on the host."""
+    batch, longest = None, []
+    for name, cu, total, bound in (("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q),
+                                   ("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)):
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
+        if cu.dtype != torch.int32:
+            raise TypeError(f"{name} must be int32 (the packed layout's offsets), got {cu.dtype}")
+        if cu.dim() != 1 or cu.numel() < 1:
+            raise ValueError(f"{name} must be a vector of batch + 1 offsets, got shape {tuple(cu.shape)}")
+        if cu.device != device:
+            raise ValueError(f"{name} must be on the tensors' device {device}, got {cu.device}")
+        if batch is not None and cu.numel() - 1 != batch:
+            raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have one length (batch + 1), got {batch + 1} and "
+                             f"{cu.numel()}")
+        batch = cu.numel() - 1
+        at = cu.tolist()
+        if at[0] != 0:
+            raise ValueError(f"{name} must start at 0, got {at[0]}")
+        lengths = [b - a for a, b in zip(at, at[1:])]
+        bad = next((i for i, n in enumerate(lengths) if n < 0), None)
+        if bad is not None:
+            raise ValueError(f"{name} must be non-decreasing: entry {bad + 1} ({at[bad + 1]}) is below entry {bad} "
+                             f"({at[bad]})")
+        if at[-1] != total:
+            raise ValueError(f"{name}'s last entry must be the packed row count {total}, got {at[-1]}")
+        most = max(lengths, default=0)
+        if bound is not None:
+            if isinstance(bound, bool) or not isinstance(bound, numbers.Integral):
+                raise TypeError(f"max_seqlen_{name[-1]} must be None or an int, got {bound!r}")
+            if bound < most:
+                raise ValueError(f"max_seqlen_{name[-1]} = {bound} is smaller than sequence {lengths.index(most)}'s "
+                                 f"length {most}: it would be truncated")
+        longest.append(most)
+    return batch, longest[0], longest[1]
+
+
+def check_features(q, causal, window, softcap, alibi_slopes, batch=None):
     """Validate the protocol-v3 options of a call whose q is (B, Hq, Nq, D); return its Features.
 
     window: None or (left, right), each None or an int >= 0: query i sees key j iff
     i + Nk - Nq - left <= j <= i + Nk - Nq + right; causal=True sets right = 0, whatever window says.
     softcap: None or a finite real c > 0. alibi_slopes: None or a float32 tensor of shape (Hq,) or (B, Hq) on q's
-    device."""
+    device (batch: B when q's first dim is not the batch, as for packed sequences)."""
     left = right = None
     if window is not None:
         if not isinstance(window, (tuple, list)) or len(window) != 2:
@@ -121,7 +162,7 @@ def check_features(q, causal, window, softcap, alibi_slopes):
         softcap = float(softcap)
     slopes = None
     if alibi_slopes is not None:
-        B, Hq = q.shape[0], q.shape[1]
+        B, Hq = q.shape[0] if batch is None else batch, q.shape[1]
         if not isinstance(alibi_slopes, torch.Tensor):
             raise TypeError(f"alibi_slopes must be a torch.Tensor, got {type(alibi_slopes).__name__}")
         if alibi_slopes.dtype != torch.float32:

@@ -29,7 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flashcheck.kernel._protocol import check_attention_inputs, check_features, check_launch, interpreter_active
+from flashcheck.kernel._protocol import (check_attention_inputs, check_features, check_launch, check_offsets,
+                                        interpreter_active)
 
 try:
     from triton.language.extra import libdevice
@@ -311,14 +312,14 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
               stride_oz, stride_oh, stride_om, stride_ok,
               stride_lz, stride_lh, stride_lm,
               H, Nq, Nk, keys_per_split, DescK, DescV,
-              window_left, window_right, softcap, Alibi, stride_az, stride_ah,
+              window_left, window_right, softcap, Alibi, stride_az, stride_ah, CuQ, CuK,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
               NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
               USE_TMA: tl.constexpr, D_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, MUL_RN: tl.constexpr,
               TWO_PASS: tl.constexpr,
               KV_GROUP: tl.constexpr, BLOCK_DV: tl.constexpr, HEAD_DIM_V: tl.constexpr, WINDOW_LEFT: tl.constexpr,
-              WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+              WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, VARLEN: tl.constexpr):
     """One (query block, batch x head) program; with SPLIT, one (query block, batch x head, key split)
     program that folds only keys [split * keys_per_split, (split + 1) * keys_per_split) and writes its partial
     state (Out: fp32 (B*H, splits, Nq, HEAD_DIM_V) output normalised by its own l; Lse: fp32 (B*H, splits, Nq)
@@ -331,7 +332,10 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     H query heads, KV_GROUP of them per kv head (K and V have H // KV_GROUP heads); V and the output have head
     dim HEAD_DIM_V in blocks of BLOCK_DV; WINDOW_LEFT / WINDOW_RIGHT: row i sees keys from i + Nk - Nq -
     window_left / up to i + Nk - Nq + window_right (IS_CAUSAL is the right side 0); SOFTCAP: softcap is c log2 e;
-    HAS_ALIBI: Alibi points at the fp32 slopes, one per (batch, query head) through stride_az, stride_ah."""
+    HAS_ALIBI: Alibi points at the fp32 slopes, one per (batch, query head) through stride_az, stride_ah.
+    VARLEN (attention_varlen): batch b is packed sequence b, rows CuQ[b]:CuQ[b + 1] of Q, Out and Lse and rows
+    CuK[b]:CuK[b + 1] of K and V (whose batch strides are 0); Nq and Nk arrive as the longest lengths, which size
+    the grid, and become the sequence's own."""
     tl.static_assert(not (SPLIT and D_SPLIT), "split-KV and a split head dim are not combined")
     # One grid axis for (batch x head, query block), the query block varying fastest (the programs of one head
     # run together and share its K and V in L2): CUDA caps grid axes 1 and 2 at 65,535, so B*H on axis 1
@@ -359,6 +363,22 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     k_base = K + off_b.to(tl.int64) * stride_kz + off_hkv.to(tl.int64) * stride_kh
     v_base = V + off_b.to(tl.int64) * stride_vz + off_hkv.to(tl.int64) * stride_vh
     o_base = Out + off_b.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+    if VARLEN:
+        # Packed sequences: this program's sequence starts at row CuQ[b] of Q and Out and at row CuK[b] of K and
+        # V, and every bound below is its own length: a bound from the longest lengths lets a short sequence's
+        # stores run into the next sequence's rows and its keys take the next sequence's keys. guards: mutants
+        # varlen_rows_from_max_seqlen, varlen_keys_from_max_seqlen, varlen_key_start_from_q; cases
+        # varlen_empty_sequences, varlen_cross_causal
+        q_start = tl.load(CuQ + off_b).to(tl.int64)
+        k_start = tl.load(CuK + off_b).to(tl.int64)
+        Nq = (tl.load(CuQ + off_b + 1) - q_start).to(tl.int32)
+        Nk = (tl.load(CuK + off_b + 1) - k_start).to(tl.int32)
+        if start_m >= Nq:
+            return      # the grid is sized by the longest sequence: this block holds no row of this one
+        q_base += q_start * stride_qm
+        k_base += k_start * stride_kn
+        v_base += k_start * stride_vn
+        o_base += q_start * stride_om
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -509,6 +529,10 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         # guards: mutant lse_log2_domain
         lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)  # ln 2
         l_ptrs = Lse + off_b.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + offs_m * stride_lm
+        if VARLEN:
+            # lse is (Hq, total_q): the sequence's rows start at CuQ[b]. guards: mutant varlen_lse_rows_padded;
+            # case varlen_block_edges
+            l_ptrs += q_start * stride_lm
         tl.store(l_ptrs, lse, mask=offs_m < Nq)
 
 
@@ -688,7 +712,7 @@ def features_off(D, dtype):
     passes besides the story's constexprs."""
     return dict(KV_GROUP=1, BLOCK_DV=launch_block_d(D, dtype), HEAD_DIM_V=D, WINDOW_LEFT=False, WINDOW_RIGHT=False,
                 SOFTCAP=False, HAS_ALIBI=False, window_left=None, window_right=None, softcap=None, Alibi=None,
-                stride_az=None, stride_ah=None)
+                stride_az=None, stride_ah=None, CuQ=None, CuK=None, VARLEN=False)
 
 
 PRECISIONS = ("ieee", "tf32x3")
@@ -778,16 +802,28 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, a
     whole head dims (head_dim_split).
     """
     B, H, Nq, Nk, D, scale = check_attention_inputs(q, k, v, causal, scale, out, block_m, block_n)
-    Hkv, Dv = k.shape[1], v.shape[3]
-    window_left, window_right, softcap, slopes = check_features(q, causal, window, softcap, alibi_slopes)
+    features = check_features(q, causal, window, softcap, alibi_slopes)
     check_launch(num_warps, num_stages)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if out is None:
-        out = torch.empty((B, H, Nq, Dv), dtype=q.dtype, device=q.device)
+        out = torch.empty((B, H, Nq, v.shape[3]), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    _forward(q, k, v, out, lse, B, Nq, Nk, scale, causal, features, return_lse, block_m, block_n, num_warps,
+             num_stages, precision)
+    return (out, lse) if return_lse else out
+
+
+def _forward(q, k, v, out, lse, B, Nq, Nk, scale, causal, features, return_lse, block_m, block_n, num_warps,
+             num_stages, precision, seqs=None):
+    """Launch _attn_fwd (and the split-KV combine) on checked (B, H, N, D) tensors, writing out and lse.
+    seqs: (cu_seqlens_q, cu_seqlens_k) for packed sequences (attention_varlen): q, k, v, out and lse are then
+    views with batch stride 0 over the packed rows, B the number of sequences and Nq, Nk the longest lengths."""
+    H, D, Hkv, Dv = q.shape[1], q.shape[3], k.shape[1], v.shape[3]
+    window_left, window_right, softcap, slopes = features
     if B * H * Nq > 0:
-        use_tma = tma_eligible(k) and tma_eligible(v)
+        # packed sequences load through pointers (a descriptor spans one dense tensor) and never split their keys
+        use_tma = seqs is None and tma_eligible(k) and tma_eligible(v)
         # the tile by the larger head dim: it sizes Q and K's tiles (D) or V's and the accumulator's (Dv)
         bm, bn, warps, stages = default_blocks(Nq, Nk, max(D, Dv), q.dtype, precision, use_tma, q.device)
         bm, bn = block_m or bm, block_n or bn
@@ -809,7 +845,7 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, a
         # too. guards: mutant exact_pass_fused; case extreme_scores_fp32
         two_pass = fused_then_exact(q.dtype, precision)
         # a split head dim is not combined with split-KV (fp32 decode, rare, runs unsplit)
-        splits, keys_per_split = (1, Nk) if d_split else split_plan(B, H, Nq, Nk, bm, bn, q.device)
+        splits, keys_per_split = (1, Nk) if d_split or seqs else split_plan(B, H, Nq, Nk, bm, bn, q.device)
         if splits > 1:
             # the partial states of the splits (every one written by its program, see _attn_fwd)
             o_dst = torch.empty((B * H, splits, Nq, Dv), dtype=torch.float32, device=q.device)
@@ -840,7 +876,7 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, a
         # guards: case block_override_decode_d128 (GPU)
         key = (q.device, q.dtype, D, Dv, bm, bn, num_warps, num_stages, use_tma, d_split, precision, is_causal,
                splits > 1, window_left is not None, window_right is not None, softcap is not None,
-               slopes is not None)
+               slopes is not None, seqs is not None)
         num_stages = _STAGES_THAT_FIT.get(key, num_stages)
         while True:
             try:
@@ -849,7 +885,7 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, a
                     q, k, v, o_dst, l_dst, scale * LOG2E,
                     *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
                     H, Nq, Nk, keys_per_split, desc_k, desc_v,
-                    window_left, window_right, softcap_log2, slopes, *slope_strides,
+                    window_left, window_right, softcap_log2, slopes, *slope_strides, *(seqs or (None, None)),
                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=launch_block_d(D, q.dtype, Dv), HEAD_DIM=D,
                     SPLIT=splits > 1, D_SPLIT=d_split, Q_IN_LOOP=q_in_loop, MUL_RN=not interpreter_active(),
                     TWO_PASS=two_pass,
@@ -861,7 +897,7 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, a
                     # cases gqa_groups_of_four_causal, dv_larger_odd_causal
                     KV_GROUP=H // Hkv, BLOCK_DV=head_dim_block(Dv) // (2 if d_split else 1), HEAD_DIM_V=Dv,
                     WINDOW_LEFT=window_left is not None, WINDOW_RIGHT=window_right is not None,
-                    SOFTCAP=softcap is not None, HAS_ALIBI=slopes is not None,
+                    SOFTCAP=softcap is not None, HAS_ALIBI=slopes is not None, VARLEN=seqs is not None,
                     num_warps=num_warps, num_stages=num_stages,
                     # fused multiply-adds, made exact where they would not be by a second pass (_attn_fwd_keys).
                     # Only the GPU fuses: the interpreter computes in NumPy.
@@ -877,7 +913,6 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, a
             _attn_combine[(triton.cdiv(Nq, cm) * B * H,)](
                 o_dst, l_dst, out, lse, *out.stride(), *lse.stride(), H, Nq, splits,
                 BLOCK_M=cm, BLOCK_D=head_dim_block(Dv), HEAD_DIM=Dv, STORE_LSE=return_lse, num_warps=4)
-    return (out, lse) if return_lse else out
 
 
 def attention_tf32x3(q, k, v, *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None, out=None,
@@ -889,6 +924,60 @@ def attention_tf32x3(q, k, v, *, causal=False, scale=None, window=None, softcap=
                      num_stages=num_stages, precision="tf32x3")
 
 
+def _packed(t):
+    """(total, H, D) packed rows as the (1, H, total, D) view the dense kernel reads, with batch stride 0 (each
+    program adds its own sequence's first row)."""
+    return t.as_strided((1, t.shape[1], t.shape[0], t.shape[2]), (0, t.stride(1), t.stride(0), t.stride(2)),
+                        t.storage_offset())
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, causal=False,
+                     scale=None, window=None, softcap=None, alibi_slopes=None, out=None, return_lse=False,
+                     block_m=None, block_n=None, num_warps=None, num_stages=None, precision="ieee"):
+    """Fused FlashAttention-2 forward over packed sequences of different lengths (FlashAttention's varlen layout).
+
+    q: (total_q, Hq, D); k: (total_k, Hkv, D); v: (total_k, Hkv, Dv); any strides. cu_seqlens_q, cu_seqlens_k:
+    int32 (batch + 1,) on q's device, starting at 0, non-decreasing, ending at total_q and total_k: sequence b
+    is rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q and cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k and v; either
+    may be empty. max_seqlen_q/k: optional bounds of the lengths (the grid's size; a bound below a real length
+    is an error, not a truncation). Every rule of attention holds within each sequence: GQA, Dv, the bottom-right
+    causal mask and window, softcap, ALiBi (slopes (Hq,) or (batch, Hq)), a row without keys giving 0 (lse
+    -inf). out: optional (total_q, Hq, Dv) in q's dtype. Returns out (total_q, Hq, Dv), and with return_lse=True
+    also lse (Hq, total_q) float32. The same kernel as attention: its programs read their sequence's offsets.
+    The offsets are checked on the host (one synchronisation per call)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if isinstance(t, torch.Tensor) and t.dim() != 3:
+            raise ValueError(f"{name} must have rank 3 (total, H, D) for packed sequences, got shape {tuple(t.shape)}")
+    if out is not None and isinstance(out, torch.Tensor) and out.dim() != 3:
+        raise ValueError(f"out must have rank 3 (total_q, Hq, Dv), got shape {tuple(out.shape)}")
+    total_k = k.shape[0] if isinstance(k, torch.Tensor) else None
+    if total_k == 0 and isinstance(v, torch.Tensor):
+        # every key sequence empty (legal): one stand-in key row lets the dense checks run; every row gives 0
+        k, v = k.new_zeros((1, *k.shape[1:])), v.new_zeros((1, *v.shape[1:]))
+    q4, k4, v4 = _packed(q), _packed(k), _packed(v)
+    given = None if out is None else _packed(out)
+    _, H, total_q, _, D, scale = check_attention_inputs(q4, k4, v4, causal, scale, given, block_m, block_n)
+    batch, most_q, most_k = check_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], total_k, q.device,
+                                          max_seqlen_q, max_seqlen_k)
+    features = check_features(q4, causal, window, softcap, alibi_slopes, batch=batch)
+    check_launch(num_warps, num_stages)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if out is None:
+        out = torch.empty((total_q, H, v.shape[2]), dtype=q.dtype, device=q.device)
+    lse = torch.empty((H, total_q), dtype=torch.float32, device=q.device)
+    if total_k == 0:
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return (out, lse) if return_lse else out
+    lse3 = lse.as_strided((1, H, total_q), (0, lse.stride(0), lse.stride(1)))
+    # the grid by the longest sequences (max_seqlen_q/k only bound them: a larger bound launches empty blocks)
+    _forward(q4, k4, v4, _packed(out), lse3, batch, most_q, most_k, scale, causal, features, return_lse,
+             block_m, block_n, num_warps, num_stages, precision, seqs=(cu_seqlens_q, cu_seqlens_k))
+    return (out, lse) if return_lse else out
+
+
 # What flashcheck verify should know about this kernel (docs/design.md: declarations): its scores stay in fp32,
 # so half-precision cases are judged without the allowance for scores rounded to the input dtype.
 attention.flashcheck_declarations = attention_tf32x3.flashcheck_declarations = {"fp32_scores": True}
+attention_varlen.flashcheck_declarations = {"fp32_scores": True}

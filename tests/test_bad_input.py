@@ -99,3 +99,43 @@ def test_unknown_precision_is_named(device):
     q, k, v = _qkv(device)
     with pytest.raises(ValueError, match="precision must be one of ieee, tf32x3, got 'tf32'"):
         fused.attention(q, k, v, precision="tf32")
+
+
+def _packed(device, lens_q=(3, 0, 5), lens_k=(4, 2, 6), d=8, h=2):
+    cu = [torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device=device)
+          for n in (lens_q, lens_k)]
+    q = torch.randn(sum(lens_q), h, d, device=device)
+    return q, torch.randn(sum(lens_k), h, d, device=device), torch.randn(sum(lens_k), h, d, device=device), *cu
+
+
+def _ints(device, *xs):
+    return torch.tensor(xs, dtype=torch.int32, device=device)
+
+
+@pytest.mark.parametrize("change, error, words", [
+    (lambda d: {"cu_seqlens_q": _ints(d, 1, 4, 4, 8)}, ValueError, "cu_seqlens_q must start at 0"),
+    (lambda d: {"cu_seqlens_k": _ints(d, 0, 4, 3, 12)}, ValueError, "cu_seqlens_k must be non-decreasing"),
+    (lambda d: {"cu_seqlens_q": _ints(d, 0, 3, 3, 7)}, ValueError, "last entry must be the packed row count 8"),
+    (lambda d: {"cu_seqlens_q": _ints(d, 0, 3, 8)}, ValueError, "one length"),
+    (lambda d: {"cu_seqlens_q": _ints(d, 0, 3, 3, 8).long()}, TypeError, "int32"),
+    (lambda d: {"cu_seqlens_q": _ints(d, 0, 3, 3, 8).to("meta")}, ValueError, "device"),
+    (lambda d: {"cu_seqlens_q": [0, 3, 3, 8]}, TypeError, "torch.Tensor"),
+    (lambda d: {"max_seqlen_q": 4}, ValueError, "max_seqlen_q = 4 is smaller than sequence 2's length 5"),
+    (lambda d: {"max_seqlen_k": 2.5}, TypeError, "max_seqlen_k"),
+])
+def test_varlen_offsets_rejected(device, change, error, words):
+    """attention_varlen's offsets and bounds are checked before any launch: a wrong one is named, never a silent
+    truncation or a read of another sequence's rows."""
+    q, k, v, cq, ck = _packed(device)
+    args = {"cu_seqlens_q": cq, "cu_seqlens_k": ck, **change(device)}
+    with pytest.raises(error, match=words):
+        fused.attention_varlen(q, k, v, args.pop("cu_seqlens_q"), args.pop("cu_seqlens_k"), **args)
+
+
+def test_varlen_rank_and_empty_keys(device):
+    q, k, v, cq, ck = _packed(device)
+    with pytest.raises(ValueError, match="rank 3"):
+        fused.attention_varlen(q[None], k, v, cq, ck)
+    # every key sequence empty is legal: each row sees no key, so 0 and lse -inf
+    out, lse = fused.attention_varlen(q, k[:0], v[:0], cq, _ints(device, 0, 0, 0, 0), return_lse=True)
+    assert out.shape == (8, 2, 8) and not out.any() and bool((lse == float("-inf")).all())

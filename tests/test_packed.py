@@ -92,3 +92,17 @@ def test_generated_cases_are_drawn_as_packed_sequences_and_find_a_bug():
     assert sum(r.case.seqlens is not None for r in drawn) >= 8, [r.case.name for r in drawn]
     bad = _verify(pk.causal_from_packed_totals, "hand_one_query_two_keys", examples=25)
     assert bad.exit_code == 1 and any(r.origin == "hypothesis" for r in bad.failures), str(bad)
+
+
+def test_the_fused_kernels_varlen_entry_passes_the_packed_entries():
+    """flashcheck.kernel.fused.attention_varlen, the dense kernel's programs reading their sequences' offsets:
+    empty sequences at the start, middle and end, Nq != Nk both ways with causal, lengths at block edges, a
+    max_seqlen larger than needed, and GQA with a window and a softcap, each through the same oracle. (The whole
+    catalogue replays through it in `flashcheck verify flashcheck.kernel.fused:attention_varlen`.)"""
+    from flashcheck.kernel import fused
+
+    entries = "varlen_empty_sequences,varlen_cross_causal,varlen_block_edges,varlen_max_seqlen_larger," \
+              "varlen_gqa_window_softcap"
+    report = _verify(fused.attention_varlen, entries, properties=False)
+    assert report.exit_code == 0, str(report)
+    assert {n.partition("[")[0] for n, s in _statuses(report).items() if s == "pass"} == set(entries.split(","))

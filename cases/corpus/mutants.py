@@ -56,6 +56,8 @@ class Mutant:
     gpu_only: str = ""   # non-empty: why only the compiled GPU path shows it (skipped on CPU with this reason)
     edits: tuple = ()    # further (find, replace) pairs, applied in order after the first
     entry: str = "attention"   # the module's function judged (attention_tf32x3 for a bug of that mode)
+    strays: str = ""     # non-empty: why its stray accesses leave the guard bands (memory the kernel's wrapper
+                         # allocates itself): judged in worker processes on every backend, where a crash is a kill
 
     @property
     def all_edits(self):
@@ -166,7 +168,7 @@ def kill(mutant, cases=None, *, isolate=None, timeout=None):
     a device fault or a crash there is a kill of this mutant and leaves this process intact."""
     cases = _cases(mutant, cases)
     if isolate is None:
-        isolate = backend() == "gpu"
+        isolate = backend() == "gpu" or bool(mutant.strays)
     if isolate:
         return judge_isolated([(mutant, cases)], timeout=timeout)[0]
     attention = kernel(mutant)
@@ -807,6 +809,35 @@ MUTANTS = [
            'the cap passed in natural units into the log2-domain loop: scores capped at c ln 2',
            'protocol v3: logit softcapping',
            ('softcap_tanh_region', 'softcap_negative_scale', 'softcap_before_the_masks')),
+    Mutant('varlen_rows_from_max_seqlen', 'fused',
+           '        Nq = (tl.load(CuQ + off_b + 1) - q_start).to(tl.int32)\n',
+           '',
+           "packed sequences' query rows bounded by the longest sequence (the grid's max_seqlen_q), not their own "
+           "length: a short sequence's blocks read the next sequence's queries and store into its rows",
+           'issue 31: packed sequences (a zero-length sequence writing into the next one)',
+           ('varlen_empty_sequences',), entry="attention_varlen",
+           strays="stores past the packed output's last row and the wrapper's own lse"),
+    Mutant('varlen_keys_from_max_seqlen', 'fused',
+           '        Nk = (tl.load(CuK + off_b + 1) - k_start).to(tl.int32)\n',
+           '',
+           "packed sequences' keys bounded by the longest key sequence: a short sequence attends to the next "
+           "sequence's keys (and the causal diagonal moves with the wrong Nk)",
+           'issue 31: packed sequences (a block past the key length reading the next sequence)',
+           ('varlen_cross_causal', 'varlen_block_edges'), entry="attention_varlen"),
+    Mutant('varlen_key_start_from_q', 'fused',
+           'k_start = tl.load(CuK + off_b).to(tl.int64)',
+           'k_start = tl.load(CuQ + off_b).to(tl.int64)',
+           "each sequence's keys start at its query offset: right only when every sequence has Nq == Nk",
+           'issue 31: packed sequences (cu_seqlens_q used for k)',
+           ('varlen_cross_causal',), entry="attention_varlen"),
+    Mutant('varlen_lse_rows_padded', 'fused',
+           'l_ptrs += q_start * stride_lm',
+           'l_ptrs += off_b.to(tl.int64) * (tl.cdiv(Nq, BLOCK_M) * BLOCK_M) * stride_lm',
+           "the log-sum-exp rows of sequence b placed at b times its length rounded up to a block: one sequence's "
+           "lse lands in another's rows",
+           'issue 31: packed sequences (an lse scratch indexed by the rounded-up length)',
+           ('varlen_block_edges', 'varlen_empty_sequences'), entry="attention_varlen",
+           strays="stores past the end of the lse the wrapper allocates"),
     Mutant('alibi_sign', 'fused',
            'qk = qk - alibi * tl.abs(',
            'qk = qk + alibi * tl.abs(',
