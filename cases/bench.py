@@ -368,6 +368,7 @@ class Runtime:
         self.SDPBackend, self.sdpa_kernel = SDPBackend, sdpa_kernel
         self.on_gpu = on_gpu
         try:
+            # a lazy import: flex_attention is a peer of the features suite only, and older torches lack it
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         except ImportError:
             create_block_mask = flex_attention = None
