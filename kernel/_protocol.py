@@ -140,6 +140,35 @@ def check_offsets(cu_seqlens_q, cu_seqlens_k, total_q, total_k, device, max_seql
     return batch, longest[0], longest[1]
 
 
+def check_pages(block_table, cache_seqlens, batch, num_pages, page_size, device):
+    """Validate a paged KV cache's block table and lengths (attention_paged); return the longest cache length.
+    block_table: int32 (batch, max_pages); cache_seqlens: int32 (batch,), each at most max_pages * page_size (the
+    table's capacity); the pages a sequence uses (the first ceil(length / page_size) entries of its row) must lie in
+    the pool [0, num_pages). Entries past them may hold anything. Reads both on the host."""
+    for name, t, rank in (("block_table", block_table, 2), ("cache_seqlens", cache_seqlens, 1)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.int32:
+            raise TypeError(f"{name} must be int32, got {t.dtype}")
+        if t.dim() != rank or t.shape[0] != batch:
+            want = "(B, max_pages)" if rank == 2 else "(B,)"
+            raise ValueError(f"{name} must have shape {want} with B = {batch} (q's batch), got {tuple(t.shape)}")
+        if t.device != device:
+            raise ValueError(f"{name} must be on the tensors' device {device}, got {t.device}")
+    capacity = block_table.shape[1] * page_size
+    table = block_table.tolist()
+    lengths = cache_seqlens.tolist()
+    for b, n in enumerate(lengths):
+        if not 0 <= n <= capacity:
+            raise ValueError(f"cache_seqlens[{b}] = {n} is outside 0..{capacity}, the block table's capacity "
+                             f"({block_table.shape[1]} pages of {page_size})")
+        used = table[b][:-(-n // page_size)]
+        bad = next((i for i, page in enumerate(used) if not 0 <= page < num_pages), None)
+        if bad is not None:
+            raise ValueError(f"block_table[{b}, {bad}] = {used[bad]} is outside the pool of {num_pages} pages")
+    return max(lengths, default=0)
+
+
 def check_features(q, causal, window, softcap, alibi_slopes, batch=None):
     """Validate the protocol-v3 options of a call whose q is (B, Hq, Nq, D); return its Features.
 

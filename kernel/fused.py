@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from flashcheck.kernel._protocol import (check_attention_inputs, check_features, check_launch, check_offsets,
-                                        interpreter_active)
+                                        check_pages, interpreter_active)
 
 try:
     from triton.language.extra import libdevice
@@ -124,15 +124,29 @@ def _softcap(s, cap):
 
 
 @triton.jit
+def _paged_rows(k_cols, v_cols, table, rows, Nk, page_size, stride_kp, stride_kn, stride_vp, stride_vn):
+    """The K and V pointer tiles of key rows `rows` of a paged cache: key j is slot j % page_size of page
+    table[j // page_size], the page's and the slot's strides apart, whatever the page size (a block may cross pages:
+    every row looks up its own). The table is read only for keys < Nk: its entries past the sequence's pages may
+    point anywhere, and its row may end before the block does. guards: mutants paged_table_unmasked,
+    paged_pages_assumed_contiguous, paged_slot_from_block; cases paged_odd_page_size, paged_decode_page_16"""
+    page = tl.load(table + rows // page_size, mask=rows < Nk, other=0).to(tl.int64)
+    slot = (rows % page_size).to(tl.int64)
+    return (k_cols + (page * stride_kp + slot * stride_kn)[:, None],
+            v_cols + (page * stride_vp + slot * stride_vn)[:, None])
+
+
+@triton.jit
 def _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, stride_vk,
-                    desc_k, desc_v, off_b, off_hkv, qk_scale, softcap, alibi, start_m, lo, hi, Nk, causal_shift,
+                    desc_k, desc_v, table, page_size, stride_kp, stride_vp, off_b, off_hkv, qk_scale, softcap, alibi, start_m, lo, hi, Nk, causal_shift,
                     left_shift, right_shift,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     HEAD_DIM: tl.constexpr, BLOCK_DV: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                     MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr,
                     WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                     NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-                    D_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, EXACT: tl.constexpr, MUL_RN: tl.constexpr):
+                    D_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, EXACT: tl.constexpr, MUL_RN: tl.constexpr,
+                    PAGED: tl.constexpr):
     """Fold key blocks [lo, hi) into the running state (m_i, l_i, acc; with D_SPLIT, acc1 holds the output's
     second half of head-dim columns and q1 the queries' second half). With Q_IN_LOOP, q and q1 are pointer tiles
     that every key block reads again (see attention). big marks the rows whose row max has reached the
@@ -147,13 +161,21 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn, 
     MASKED=False is the fast path for blocks every row of this program fully sees: no key mask, no causal or
     window mask. MASKED=True handles the rest: the partial last key block and the blocks that cross the causal
     diagonal or a window's edge.
+
+    PAGED: k_ptrs and v_ptrs hold only the head-dim columns; each block's rows are found through the sequence's
+    block-table row `table` (pages of page_size keys, stride_kp and stride_vp apart: _paged_rows).
     """
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
+    k_cols = k_ptrs     # PAGED: the columns, to which each block adds its rows' page and slot offsets
+    v_cols = v_ptrs
     k_ptrs += lo * stride_kn
     v_ptrs += lo * stride_vn
     for start_n in range(lo, hi, BLOCK_N):
         kv_rows = (start_n + offs_n)[:, None] < Nk   # the key rows that exist (the load masks' rows)
+        if PAGED:
+            k_ptrs, v_ptrs = _paged_rows(k_cols, v_cols, table, start_n + offs_n, Nk, page_size, stride_kp,
+                                         stride_kn, stride_vp, stride_vn)
         k = _load_kv(k_ptrs, desc_k, off_b, off_hkv, start_n, kv_rows, 0, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED,
                      USE_TMA)
         # V has its own head dim (BLOCK_DV, HEAD_DIM_V: Dv, which may differ from D). guards: mutant
@@ -247,7 +269,8 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn, 
 
 
 @triton.jit
-def _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, stride_vk, desc_k, desc_v, off_b, off_hkv,
+def _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, stride_vk, desc_k, desc_v, table,
+                   page_size, stride_kp, stride_vp, off_b, off_hkv,
                    qk_scale, softcap, alibi, start_m, lead_lo, lead_hi, fast_lo, fast_hi, masked_lo, masked_hi, Nk,
                    causal_shift, left_shift, right_shift,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -255,7 +278,7 @@ def _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, strid
                    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
                    HAS_ALIBI: tl.constexpr, NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                    USE_TMA: tl.constexpr, D_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, EXACT: tl.constexpr,
-                   MUL_RN: tl.constexpr):
+                   MUL_RN: tl.constexpr, PAGED: tl.constexpr):
     """The whole key range of one program from a fresh state: with WINDOW_LEFT the masked blocks at the window's
     left edge [lead_lo, lead_hi), then the fast blocks [fast_lo, fast_hi), then the masked ones
     [masked_lo, masked_hi). Returns (acc, acc1, l, m, big).
@@ -278,29 +301,32 @@ def _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, strid
         acc1 = acc
     if WINDOW_LEFT:
         acc, acc1, l_i, m_i, big = _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn,
-                                                   stride_vn, stride_kk, stride_vk, desc_k, desc_v, off_b, off_hkv,
+                                                   stride_vn, stride_kk, stride_vk, desc_k, desc_v, table, page_size,
+                                                   stride_kp, stride_vp, off_b, off_hkv,
                                                    qk_scale, softcap, alibi, start_m, lead_lo, lead_hi, Nk,
                                                    causal_shift, left_shift, right_shift,
                                                    BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, BLOCK_DV, HEAD_DIM_V, True,
                                                    IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, HAS_ALIBI,
                                                    NEGATIVE_SCALE, INPUT_PRECISION, USE_TMA, D_SPLIT, Q_IN_LOOP,
-                                                   EXACT, MUL_RN)
+                                                   EXACT, MUL_RN, PAGED)
     acc, acc1, l_i, m_i, big = _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn,
-                                               stride_vn, stride_kk, stride_vk, desc_k, desc_v, off_b, off_hkv,
+                                               stride_vn, stride_kk, stride_vk, desc_k, desc_v, table, page_size,
+                                                   stride_kp, stride_vp, off_b, off_hkv,
                                                qk_scale, softcap, alibi, start_m, fast_lo, fast_hi, Nk,
                                                causal_shift, left_shift, right_shift,
                                                BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, BLOCK_DV, HEAD_DIM_V, False,
                                                IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, HAS_ALIBI,
                                                NEGATIVE_SCALE, INPUT_PRECISION, USE_TMA, D_SPLIT, Q_IN_LOOP,
-                                               EXACT, MUL_RN)
+                                               EXACT, MUL_RN, PAGED)
     acc, acc1, l_i, m_i, big = _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn,
-                                               stride_vn, stride_kk, stride_vk, desc_k, desc_v, off_b, off_hkv,
+                                               stride_vn, stride_kk, stride_vk, desc_k, desc_v, table, page_size,
+                                                   stride_kp, stride_vp, off_b, off_hkv,
                                                qk_scale, softcap, alibi, start_m, masked_lo, masked_hi, Nk,
                                                causal_shift, left_shift, right_shift,
                                                BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, BLOCK_DV, HEAD_DIM_V, True,
                                                IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, HAS_ALIBI,
                                                NEGATIVE_SCALE, INPUT_PRECISION, USE_TMA, D_SPLIT, Q_IN_LOOP,
-                                               EXACT, MUL_RN)
+                                               EXACT, MUL_RN, PAGED)
     return acc, acc1, l_i, m_i, big
 
 
@@ -313,13 +339,15 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
               stride_lz, stride_lh, stride_lm,
               H, Nq, Nk, keys_per_split, DescK, DescV,
               window_left, window_right, softcap, Alibi, stride_az, stride_ah, CuQ, CuK,
+              Table, stride_tb, Seqlens, page_size,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
               NEGATIVE_SCALE: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
               USE_TMA: tl.constexpr, D_SPLIT: tl.constexpr, Q_IN_LOOP: tl.constexpr, MUL_RN: tl.constexpr,
               TWO_PASS: tl.constexpr,
               KV_GROUP: tl.constexpr, BLOCK_DV: tl.constexpr, HEAD_DIM_V: tl.constexpr, WINDOW_LEFT: tl.constexpr,
-              WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, VARLEN: tl.constexpr):
+              WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, VARLEN: tl.constexpr,
+              PAGED: tl.constexpr):
     """One (query block, batch x head) program; with SPLIT, one (query block, batch x head, key split)
     program that folds only keys [split * keys_per_split, (split + 1) * keys_per_split) and writes its partial
     state (Out: fp32 (B*H, splits, Nq, HEAD_DIM_V) output normalised by its own l; Lse: fp32 (B*H, splits, Nq)
@@ -335,7 +363,10 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     HAS_ALIBI: Alibi points at the fp32 slopes, one per (batch, query head) through stride_az, stride_ah.
     VARLEN (attention_varlen): batch b is packed sequence b, rows CuQ[b]:CuQ[b + 1] of Q, Out and Lse and rows
     CuK[b]:CuK[b + 1] of K and V (whose batch strides are 0); Nq and Nk arrive as the longest lengths, which size
-    the grid, and become the sequence's own."""
+    the grid, and become the sequence's own.
+    PAGED (attention_paged): K and V are caches of pages (stride_kz, stride_vz: a page; stride_kn, stride_vn: a
+    slot); batch b's keys are Seqlens[b] long, key j in slot j % page_size of page Table[b, j // page_size]; Nk
+    arrives as the longest."""
     tl.static_assert(not (SPLIT and D_SPLIT), "split-KV and a split head dim are not combined")
     # One grid axis for (batch x head, query block), the query block varying fastest (the programs of one head
     # run together and share its K and V in L2): CUDA caps grid axes 1 and 2 at 65,535, so B*H on axis 1
@@ -379,6 +410,16 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         k_base += k_start * stride_kn
         v_base += k_start * stride_vn
         o_base += q_start * stride_om
+    if PAGED:
+        # A paged KV cache: this batch's keys are its own cache length, found page by page through its row of the
+        # block table (_paged_rows), so K and V start at the kv head only (no batch offset: pages are shared by
+        # the pool). guards: mutants paged_keys_from_max_seqlen, paged_table_row_stride_from_b
+        Nk = tl.load(Seqlens + off_b)
+        k_base = K + off_hkv.to(tl.int64) * stride_kh
+        v_base = V + off_hkv.to(tl.int64) * stride_vh
+        table = Table + off_b.to(tl.int64) * stride_tb
+    else:
+        table = Table
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -423,6 +464,10 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
 
     k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
     v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vk
+    if PAGED:
+        # the columns only (broadcast over the block's rows): the rows come from the block table, block by block
+        k_ptrs = k_base + tl.zeros([BLOCK_N, 1], dtype=tl.int64) + offs_d[None, :] * stride_kk
+        v_ptrs = v_base + tl.zeros([BLOCK_N, 1], dtype=tl.int64) + offs_dv[None, :] * stride_vk
     # The loop runs over KEYS, so its bounds use Nk (a bound from Nq ignores extra keys: 1 query vs keys
     # [1, 1] and values [5, 10] gave 5, not 7.5). guards: mutant loop_bound_nq, case hand_one_query_two_keys
     # (and mutant one_length_nq: one length passed for both)
@@ -478,25 +523,27 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     else:
         alibi = 0.0
     acc, acc1, l_i, m_i, big = _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, stride_vk,
-                                              DescK, DescV, off_b, off_hkv, qk_scale, softcap, alibi, start_m,
+                                              DescK, DescV, table, page_size, stride_kz, stride_vz, off_b,
+                                              off_hkv, qk_scale, softcap, alibi, start_m,
                                               lead_lo, lead_hi, fast_lo, fast_hi, masked_lo, masked_hi, Nk,
                                               causal_shift, left_shift, right_shift, BLOCK_M, BLOCK_N, BLOCK_D,
                                               HEAD_DIM, BLOCK_DV, HEAD_DIM_V, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
                                               SOFTCAP, HAS_ALIBI, NEGATIVE_SCALE, INPUT_PRECISION, USE_TMA,
-                                              D_SPLIT, Q_IN_LOOP, not TWO_PASS, MUL_RN)
+                                              D_SPLIT, Q_IN_LOOP, not TWO_PASS, MUL_RN, PAGED)
     if TWO_PASS:
         if tl.max(big.to(tl.int32), 0) > 0:
             # Some row's max reached 2^24: the fused pass is not exact enough there (see _attn_fwd_keys), so the
             # whole program runs its keys again with the product rounded on its own. guards: mutants
             # exact_pass_never, exact_pass_fused (GPU); cases huge_scores[fp16], extreme_scores_bf16
             acc, acc1, l_i, m_i, big = _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk,
-                                                      stride_vk, DescK, DescV, off_b, off_hkv, qk_scale, softcap,
+                                                      stride_vk, DescK, DescV, table, page_size, stride_kz,
+                                                      stride_vz, off_b, off_hkv, qk_scale, softcap,
                                                       alibi, start_m, lead_lo, lead_hi, fast_lo, fast_hi,
                                                       masked_lo, masked_hi, Nk, causal_shift, left_shift,
                                                       right_shift, BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, BLOCK_DV,
                                                       HEAD_DIM_V, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP,
                                                       HAS_ALIBI, NEGATIVE_SCALE, INPUT_PRECISION, USE_TMA, D_SPLIT,
-                                                      Q_IN_LOOP, True, MUL_RN)
+                                                      Q_IN_LOOP, True, MUL_RN, PAGED)
     # The store is masked by ROW (< Nq) and head-dim column (< Dv): the last query block may be partial.
     # guards: mutants store_no_row_mask, store_row_mask_off_by_one; case partial_last_query_block
     o_mask = (offs_m[:, None] < Nq) & (offs_dv[None, :] < HEAD_DIM_V)
@@ -712,7 +759,8 @@ def features_off(D, dtype):
     passes besides the story's constexprs."""
     return dict(KV_GROUP=1, BLOCK_DV=launch_block_d(D, dtype), HEAD_DIM_V=D, WINDOW_LEFT=False, WINDOW_RIGHT=False,
                 SOFTCAP=False, HAS_ALIBI=False, window_left=None, window_right=None, softcap=None, Alibi=None,
-                stride_az=None, stride_ah=None, CuQ=None, CuK=None, VARLEN=False)
+                stride_az=None, stride_ah=None, CuQ=None, CuK=None, VARLEN=False,
+                Table=None, stride_tb=None, Seqlens=None, page_size=None, PAGED=False)
 
 
 PRECISIONS = ("ieee", "tf32x3")
@@ -815,15 +863,17 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, a
 
 
 def _forward(q, k, v, out, lse, B, Nq, Nk, scale, causal, features, return_lse, block_m, block_n, num_warps,
-             num_stages, precision, seqs=None):
+             num_stages, precision, seqs=None, pages=None):
     """Launch _attn_fwd (and the split-KV combine) on checked (B, H, N, D) tensors, writing out and lse.
     seqs: (cu_seqlens_q, cu_seqlens_k) for packed sequences (attention_varlen): q, k, v, out and lse are then
-    views with batch stride 0 over the packed rows, B the number of sequences and Nq, Nk the longest lengths."""
+    views with batch stride 0 over the packed rows, B the number of sequences and Nq, Nk the longest lengths.
+    pages: (block_table, cache_seqlens, page_size) for a paged KV cache (attention_paged): k and v are the caches
+    as (num_pages, Hkv, page_size, D) views and Nk the longest cache length."""
     H, D, Hkv, Dv = q.shape[1], q.shape[3], k.shape[1], v.shape[3]
     window_left, window_right, softcap, slopes = features
     if B * H * Nq > 0:
         # packed sequences load through pointers (a descriptor spans one dense tensor) and never split their keys
-        use_tma = seqs is None and tma_eligible(k) and tma_eligible(v)
+        use_tma = seqs is None and pages is None and tma_eligible(k) and tma_eligible(v)
         # the tile by the larger head dim: it sizes Q and K's tiles (D) or V's and the accumulator's (Dv)
         bm, bn, warps, stages = default_blocks(Nq, Nk, max(D, Dv), q.dtype, precision, use_tma, q.device)
         bm, bn = block_m or bm, block_n or bn
@@ -845,7 +895,8 @@ def _forward(q, k, v, out, lse, B, Nq, Nk, scale, causal, features, return_lse, 
         # too. guards: mutant exact_pass_fused; case extreme_scores_fp32
         two_pass = fused_then_exact(q.dtype, precision)
         # a split head dim is not combined with split-KV (fp32 decode, rare, runs unsplit)
-        splits, keys_per_split = (1, Nk) if d_split or seqs else split_plan(B, H, Nq, Nk, bm, bn, q.device)
+        splits, keys_per_split = (1, Nk) if d_split or seqs or pages else split_plan(B, H, Nq, Nk, bm, bn,
+                                                                                         q.device)
         if splits > 1:
             # the partial states of the splits (every one written by its program, see _attn_fwd)
             o_dst = torch.empty((B * H, splits, Nq, Dv), dtype=torch.float32, device=q.device)
@@ -876,7 +927,7 @@ def _forward(q, k, v, out, lse, B, Nq, Nk, scale, causal, features, return_lse, 
         # guards: case block_override_decode_d128 (GPU)
         key = (q.device, q.dtype, D, Dv, bm, bn, num_warps, num_stages, use_tma, d_split, precision, is_causal,
                splits > 1, window_left is not None, window_right is not None, softcap is not None,
-               slopes is not None, seqs is not None)
+               slopes is not None, seqs is not None, pages is not None)
         num_stages = _STAGES_THAT_FIT.get(key, num_stages)
         while True:
             try:
@@ -886,6 +937,7 @@ def _forward(q, k, v, out, lse, B, Nq, Nk, scale, causal, features, return_lse, 
                     *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
                     H, Nq, Nk, keys_per_split, desc_k, desc_v,
                     window_left, window_right, softcap_log2, slopes, *slope_strides, *(seqs or (None, None)),
+                    *((pages[0], pages[0].stride(0), pages[1], pages[2]) if pages else (None, None, None, None)),
                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=launch_block_d(D, q.dtype, Dv), HEAD_DIM=D,
                     SPLIT=splits > 1, D_SPLIT=d_split, Q_IN_LOOP=q_in_loop, MUL_RN=not interpreter_active(),
                     TWO_PASS=two_pass,
@@ -898,7 +950,7 @@ def _forward(q, k, v, out, lse, B, Nq, Nk, scale, causal, features, return_lse, 
                     KV_GROUP=H // Hkv, BLOCK_DV=head_dim_block(Dv) // (2 if d_split else 1), HEAD_DIM_V=Dv,
                     WINDOW_LEFT=window_left is not None, WINDOW_RIGHT=window_right is not None,
                     SOFTCAP=softcap is not None, HAS_ALIBI=slopes is not None, VARLEN=seqs is not None,
-                    num_warps=num_warps, num_stages=num_stages,
+                    PAGED=pages is not None, num_warps=num_warps, num_stages=num_stages,
                     # fused multiply-adds, made exact where they would not be by a second pass (_attn_fwd_keys).
                     # Only the GPU fuses: the interpreter computes in NumPy.
                     enable_fp_fusion=True)
@@ -977,7 +1029,51 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     return (out, lse) if return_lse else out
 
 
+def attention_paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=False, scale=None, window=None,
+                    softcap=None, alibi_slopes=None, out=None, return_lse=False, block_m=None, block_n=None,
+                    num_warps=None, num_stages=None, precision="ieee"):
+    """Fused FlashAttention-2 forward over a paged KV cache (decode and chunked prefill, as vLLM and FlashAttention's
+    flash_attn_with_kvcache lay it out).
+
+    q: (B, Hq, Nq, D); k_cache: (num_pages, page_size, Hkv, D); v_cache: (num_pages, page_size, Hkv, Dv); any
+    strides; page_size any positive int (a power of two or not). block_table: int32 (B, max_pages);
+    cache_seqlens: int32 (B,): batch b's key j is slot j % page_size of page block_table[b, j // page_size], for j
+    < cache_seqlens[b] (at most the table's capacity; 0 is legal: its rows give 0, lse -inf). Slots and table
+    entries beyond a sequence's keys may hold anything, NaN included: they are never read. Every rule of attention
+    holds per batch with Nk = cache_seqlens[b] (the bottom-right causal mask and window, GQA, Dv, softcap,
+    ALiBi). out: optional (B, Hq, Nq, Dv). Returns out, and with return_lse=True also lse (B, Hq, Nq) float32.
+    The same kernel as attention: each block of keys looks its rows up in the table (_paged_rows). The table and
+    lengths are checked on the host (one synchronisation per call)."""
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if isinstance(t, torch.Tensor) and t.dim() != 4:
+            raise ValueError(f"{name} must have rank 4 (num_pages, page_size, Hkv, D), got shape {tuple(t.shape)}")
+    if isinstance(k_cache, torch.Tensor) and isinstance(v_cache, torch.Tensor):
+        if k_cache.shape[:3] != v_cache.shape[:3]:
+            raise ValueError(f"k_cache and v_cache must have the same (num_pages, page_size, Hkv), got "
+                             f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+        if k_cache.shape[0] == 0 or k_cache.shape[1] == 0:
+            raise ValueError(f"the cache has no slots: shape {tuple(k_cache.shape)}")
+    # (num_pages, Hkv, page_size, D) views: a page is the kernel's batch stride, a slot its row stride
+    k4, v4 = k_cache.permute(0, 2, 1, 3), v_cache.permute(0, 2, 1, 3)
+    B = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() == 4 else 0
+    # the dense checks (dtypes, devices, heads, head dims, out) on one page per batch standing in for the keys
+    _, H, Nq, _, D, scale = check_attention_inputs(q, k4[:1].expand(B, -1, -1, -1), v4[:1].expand(B, -1, -1, -1),
+                                                   causal, scale, out, block_m, block_n)
+    page_size = k_cache.shape[1]
+    most_k = check_pages(block_table, cache_seqlens, B, k_cache.shape[0], page_size, q.device)
+    features = check_features(q, causal, window, softcap, alibi_slopes)
+    check_launch(num_warps, num_stages)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if out is None:
+        out = torch.empty((B, H, Nq, v_cache.shape[3]), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    _forward(q, k4, v4, out, lse, B, Nq, max(most_k, 1), scale, causal, features, return_lse, block_m, block_n,
+             num_warps, num_stages, precision, pages=(block_table, cache_seqlens, page_size))
+    return (out, lse) if return_lse else out
+
+
 # What flashcheck verify should know about this kernel (docs/design.md: declarations): its scores stay in fp32,
 # so half-precision cases are judged without the allowance for scores rounded to the input dtype.
 attention.flashcheck_declarations = attention_tf32x3.flashcheck_declarations = {"fp32_scores": True}
-attention_varlen.flashcheck_declarations = {"fp32_scores": True}
+attention_varlen.flashcheck_declarations = attention_paged.flashcheck_declarations = {"fp32_scores": True}

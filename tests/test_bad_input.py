@@ -139,3 +139,38 @@ def test_varlen_rank_and_empty_keys(device):
     # every key sequence empty is legal: each row sees no key, so 0 and lse -inf
     out, lse = fused.attention_varlen(q, k[:0], v[:0], cq, _ints(device, 0, 0, 0, 0), return_lse=True)
     assert out.shape == (8, 2, 8) and not out.any() and bool((lse == float("-inf")).all())
+
+
+def _paged(device, lens=(5, 0, 9), page=4, pages=8, d=8, h=2):
+    q = torch.randn(len(lens), h, 2, d, device=device)
+    kc, vc = (torch.randn(pages, page, h, d, device=device) for _ in range(2))
+    table = torch.arange(len(lens) * 3, dtype=torch.int32, device=device).reshape(len(lens), 3) % pages
+    return q, kc, vc, table, torch.tensor(lens, dtype=torch.int32, device=device)
+
+
+@pytest.mark.parametrize("change, error, words", [
+    (lambda a: {"cache_seqlens": _ints(a[0].device, 5, 0, 13)}, ValueError, r"cache_seqlens\[2\] = 13 is outside 0..12"),
+    (lambda a: {"cache_seqlens": _ints(a[0].device, 5, -1, 9)}, ValueError, "outside 0..12"),
+    (lambda a: {"block_table": a[3].clone().fill_(8)}, ValueError, r"block_table\[0, 0\] = 8 is outside the pool of 8"),
+    (lambda a: {"block_table": a[3].long()}, TypeError, "block_table must be int32"),
+    (lambda a: {"block_table": a[3][:2]}, ValueError, "block_table must have shape"),
+    (lambda a: {"cache_seqlens": a[4].to("meta")}, ValueError, "device"),
+    (lambda a: {"k_cache": a[1][0]}, ValueError, "rank 4"),
+    (lambda a: {"v_cache": a[2][:, :3]}, ValueError, "same"),
+])
+def test_paged_table_and_lengths_rejected(device, change, error, words):
+    """attention_paged checks its block table and lengths before any launch: a length past the table's capacity or
+    a used page outside the pool is named, never read."""
+    q, kc, vc, table, lens = args = _paged(device)
+    kw = {"k_cache": kc, "v_cache": vc, "block_table": table, "cache_seqlens": lens, **change(args)}
+    with pytest.raises(error, match=words):
+        fused.attention_paged(q, kw.pop("k_cache"), kw.pop("v_cache"), kw.pop("block_table"), kw.pop("cache_seqlens"))
+
+
+def test_paged_unused_table_entries_are_never_read(device):
+    """Entries past a sequence's pages may hold anything (here, pages far outside the pool)."""
+    q, kc, vc, table, lens = _paged(device)
+    table[0, 2:] = 10 ** 6
+    table[1, :] = -7          # an empty sequence uses no page
+    out, lse = fused.attention_paged(q, kc, vc, table, lens, return_lse=True)
+    assert torch.isfinite(out).all() and not out[1].any() and bool((lse[1] == float("-inf")).all())

@@ -106,3 +106,15 @@ def test_the_fused_kernels_varlen_entry_passes_the_packed_entries():
     report = _verify(fused.attention_varlen, entries, properties=False)
     assert report.exit_code == 0, str(report)
     assert {n.partition("[")[0] for n, s in _statuses(report).items() if s == "pass"} == set(entries.split(","))
+
+
+def test_the_fused_kernels_paged_entry_passes_the_paged_entries():
+    """flashcheck.kernel.fused.attention_paged, each key block looking its rows up in the block table: page sizes
+    1, 7, 16 and 128 (blocks crossing pages), a sequence at the table's capacity, an empty one, a shuffled pool whose
+    unused pages and slots are NaN."""
+    from flashcheck.kernel import fused
+
+    entries = ",".join(sorted(n for n in catalogue.PACKED_NAMES if n.startswith("paged_")))
+    report = _verify(fused.attention_paged, entries, properties=False)
+    assert report.exit_code == 0, str(report)
+    assert {n.partition("[")[0] for n, s in _statuses(report).items() if s == "pass"} == set(entries.split(","))
