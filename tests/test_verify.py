@@ -179,6 +179,29 @@ def test_jobs_keep_order_and_run_heavy_cases_alone():
     assert seen == [0, 1, 2]
 
 
+def test_jobs_send_a_specialisation_back_to_the_runner_that_met_it():
+    """in_order's key: a runner takes, among the next items, one whose key it has already judged (its compile and
+    autotune caches are warm), so two interleaved specialisations on two runners stay one per runner (each key
+    once cold, not once per runner), and the results keep the items' order."""
+    import threading
+    import time
+
+    from flashcheck.cases.verify.engine import in_order
+
+    lock, served = threading.Lock(), set()
+
+    def work(runner, item):
+        with lock:
+            served.add((runner, item % 2))
+        time.sleep(0.01)
+        return item
+
+    items = list(range(16))
+    got = list(in_order(items, ["r0", "r1"], work, key=lambda i: i % 2))
+    assert got == [(i, i) for i in items]
+    assert len(served) == 2 and {k for _, k in served} == {0, 1}, served
+
+
 def test_repro_line_reruns_the_failure_also_in_process(buggy):
     """The repro line, pasted back (here with --no-isolate, the debugging mode), gives the same failure."""
     line = next(ln for ln in buggy.stdout.splitlines() if "repro:" in ln and "hand_one_query_two_keys[fp32]" in ln)

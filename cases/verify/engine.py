@@ -6,7 +6,7 @@ generated cases (cases/verify/generated.py), and keeps the report's files curren
 """
 import collections
 import os
-import queue
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -361,57 +361,126 @@ def _open(runners, spec):
     return infos[0]
 
 
-def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: False):
+def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: False, key=lambda item: None):
     """(item, work(runner, item)) for each item, in the items' order, until stopped() says so.
 
     With one runner, one item after the other. With several (--jobs), up to one item per runner at once, each
     runner serving one item at a time; an item heavy(item) says is too large to share the machine with
     others (a case that needs much of the device's or host's memory) waits until the items before it are done
-    and runs alone."""
+    and runs alone. key(item): what a kernel specialises on for that item (its shapes, dtype, flags): a runner
+    that becomes free takes, among the next items, one whose key it has met (its compile and autotune caches are
+    warm for it), else one whose key no runner has met, else the next one. The results' order never changes."""
     if len(runners) == 1:
         for item in items:
             if stopped():
                 return
             yield item, work(runners[0], item)
         return
-    free = queue.SimpleQueue()
-    for r in runners:
-        free.put(r)
+    items = iter(items)
+    lookahead = 4 * len(runners)        # how far past the oldest unfinished item a free runner may look
+    cond = threading.Condition()
+    window = collections.deque()        # [seq, item, key, state] not yet yielded, oldest first; state: new/run/done
+    results = {}                        # seq -> ("ok", value) or ("raised", exception)
+    met = {r: set() for r in runners}   # the keys each runner has judged
+    owned = set()                       # the keys some runner has met
+    closing = [False]
 
-    def task(item):
-        runner = free.get()
-        try:
-            return work(runner, item)
-        finally:
-            free.put(runner)
+    def pick(runner):
+        fresh = first = None
+        for entry in window:
+            if entry[3] != "new":
+                continue
+            if entry[2] is not None and entry[2] in met[runner]:
+                return entry
+            if first is None:
+                first = entry
+            if fresh is None and (entry[2] is None or entry[2] not in owned):
+                fresh = entry
+        return fresh or first
 
-    pending = collections.deque()       # (item, future), oldest first
-    pool = ThreadPoolExecutor(len(runners), thread_name_prefix="flashcheck-job")
-    ended = False
+    def serve(runner):
+        while True:
+            with cond:
+                entry = None
+                while not closing[0] and (entry := pick(runner)) is None:
+                    cond.wait()
+                if closing[0]:
+                    return
+                entry[3] = "run"
+                if entry[2] is not None:
+                    met[runner].add(entry[2])
+                    owned.add(entry[2])
+            try:
+                outcome = ("ok", work(runner, entry[1]))
+            except BaseException as exc:     # handed to the caller with its item
+                outcome = ("raised", exc)
+            with cond:
+                results[entry[0]] = outcome
+                entry[3] = "done"
+                cond.notify_all()
+
+    threads = [threading.Thread(target=serve, args=(r,), daemon=True, name="flashcheck-job") for r in runners]
+    for t in threads:
+        t.start()
+    seq, ended, exhausted, waiting_heavy = 0, False, False, None
+
+    def take(entry):
+        kind, value = results.pop(entry[0])
+        if kind == "raised":
+            raise value
+        return entry[1], value
+
     try:
-        for item in items:
-            if stopped():
-                break
-            if heavy(item):
-                while pending and not stopped():
-                    done, future = pending.popleft()
-                    yield done, future.result()
-                if stopped():
-                    break
+        while not stopped():
+            with cond:
+                # refill the window (a heavy item waits outside it until the window has drained)
+                while not exhausted and waiting_heavy is None and len(window) < lookahead:
+                    try:
+                        item = next(items)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    if heavy(item):
+                        waiting_heavy = item
+                        break
+                    window.append([seq, item, key(item), "new"])
+                    seq += 1
+                    cond.notify_all()
+                if window:
+                    while window[0][3] != "done" and not stopped():
+                        cond.wait(0.1)
+                    if window[0][3] != "done":
+                        break
+                    entry = window.popleft()
+                else:
+                    entry = None
+            if entry is not None:
+                yield take(entry)
+                continue
+            if waiting_heavy is not None:
+                item, waiting_heavy = waiting_heavy, None
                 yield item, work(runners[0], item)      # every runner is idle now
                 continue
-            pending.append((item, pool.submit(task, item)))
-            while pending and not stopped() and (pending[0][1].done() or len(pending) > 2 * len(runners)):
-                done, future = pending.popleft()
-                yield done, future.result()
-        while pending and not stopped():
-            done, future = pending.popleft()
-            yield done, future.result()
+            if exhausted:
+                break
         ended = True
     finally:
         # done or stopped: the cases still running finish before the caller closes their runners (their results
         # are dropped); an interrupt, or a caller that drops the generator, does not wait (the caller kills them)
-        pool.shutdown(wait=ended, cancel_futures=True)
+        with cond:
+            closing[0] = True
+            cond.notify_all()
+        if ended:
+            for t in threads:
+                t.join()
+
+
+def specialisation(case):
+    """What a kernel is likely to compile or autotune anew for: the case's shapes, dtype, layout and feature flags
+    (a Triton kernel specialises on its constexprs and its integers' divisibility, an autotuner keys on lengths and
+    head dims). Cases with one value share a warm worker under --jobs (in_order)."""
+    return (case.dtype, case.B, case.H, case.kv_heads, case.Nq, case.Nk, case.D, case.v_dim, case.causal, case.layout,
+            case.window, case.softcap is not None, case.alibi is not None, case.seqlens, case.page_size)
 
 
 def _heavy(info, jobs):
@@ -535,7 +604,8 @@ def run(req, on_result=None):
             numbered.append((n, index, entry))
         try:
             for _, result in in_order(numbered, runners, work, lambda item: not item[2][2] and heavy(item[2][0]),
-                                      lambda: the_run.stopped):
+                                      lambda: the_run.stopped,
+                                      lambda item: None if item[2][2] else specialisation(item[2][0])):
                 record(result)
             if decl.fused and not the_run.stopped and shard.owns(the_shard, MEMORY_CASE):
                 result = _memory(runner, decl, settings, backend)
@@ -548,7 +618,8 @@ def run(req, on_result=None):
                         i, case = item
                         progress.start(first + i, f"generated example {i}")
                         return judge(runner, case, settings)
-                    return (v for _, v in in_order(enumerate(cases, 1), runners, one, lambda item: heavy(item[1])))
+                    return (v for _, v in in_order(enumerate(cases, 1), runners, one, lambda item: heavy(item[1]),
+                                                   key=lambda item: specialisation(item[1])))
 
                 generated.run(examples, req.seed, decl, info, backend, lambda c: judge(runner, c, settings),
                               the_run, record, progress, n, judge_many, the_shard, every + 1)
