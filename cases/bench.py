@@ -1,5 +1,5 @@
 """flashcheck bench: forward TFLOP/s of the fused kernel against torch's scaled_dot_product_attention (and
-flex_attention on the features suite).
+flex_attention on the features suite; packed sequences and a paged KV cache on the packed suite).
 
 Every shape is run by its contenders on the same inputs in the same process: flashcheck.kernel.fused.attention and
 torch.nn.functional.scaled_dot_product_attention with one backend forced at a time through
@@ -23,19 +23,32 @@ Suites (--suite, default all):
             flex_attention's enable_gqa), a causal sliding window of 1024 keys (window=(1024, 0), H = 16,
             N in {4k, 16k}; SDPA with a boolean attn_mask, flex_attention with a block mask) and Gemma 2's logit
             softcap c = 50 (H = 16, N in {4k, 16k}, causal off and on; flex_attention's score_mod; SDPA n/a).
+  packed    the kernel's packed entry points, D = 128. varlen: attention_varlen on sequences of mixed lengths
+            (PACKED_LENGTHS, 128..4096, 16k tokens in all), H = 16, causal off and on, bf16 and fp16, against
+            flex_attention with a document mask and against the dense kernel on the sequences padded to the
+            longest. paged: attention_paged on B = 32 decode rows (Nq = 1, Hq = 32, Hkv = 8, bf16) whose cache
+            lengths (PAGED_LENGTHS, 1k..32k) lie in a shuffled pool of pages of 16 and of 256 slots, against the
+            dense kernel on the keys laid out densely, padded to the longest; with its HBM bandwidth.
+            The padded dense peer computes another function (the padding keys are not masked: the dense kernel
+            has no key-padding mask): it is timed, never a reference.
 "all" is paper, fp32 and decode, as in the committed runs saved with "--suite all" (docs/bench/h200/): features
-is asked for by name (--suite features, or --suite all features).
+and packed are asked for by name (--suite features packed, or --suite all features).
 
 FLOPs = 4*B*H*Nq*Nk*D (two matmuls of 2*Nq*Nk*D each; H the query heads, whatever Hkv), halved when causal and
 Nq == Nk. With a window, 4*B*H*D per (query, key) pair the window lets through, counted exactly (row i sees the
 keys max(0, i + Nk - Nq - left) .. min(Nk - 1, i + Nk - Nq + right)): the work a kernel that skips the hidden
 blocks must do. The softcap's tanh is not counted. Causal with Nq != Nk is counted in full (no suite runs it:
 causal shapes must have Nq == Nk, where SDPA's top-left mask and the protocol's bottom-right mask agree).
+Packed shapes sum the formula over their sequences, 4*H*nq*nk*D each (halved when causal with nq == nk), for
+every contender: the padded dense peer's extra work on padding is not counted. GB/s: the bytes a fused kernel
+must move (Q, K and V of Hkv heads read once, O written once; packed shapes: of every sequence) over the time;
+the paged rows also give the kernel's GB/s as a fraction of the H200's peak (H200_HBM_GBPS), "n/a" on another
+device.
 
 Timing: triton.testing.do_bench medians on the GPU (warmup/rep in ms). On the CPU the command refuses to run
-(the interpreter's timings mean nothing) unless --smoke, which runs two tiny shapes through the interpreter (one
-plain, one with GQA, a window and a softcap, checked against the float64 reference), timed with
-time.perf_counter, to exercise the code path in CI.
+(the interpreter's timings mean nothing) unless --smoke, which runs four tiny shapes through the interpreter (one
+plain, one with GQA, a window and a softcap, one varlen and one paged, checked against the float64 reference),
+timed with time.perf_counter, to exercise the code path in CI.
 
 --sweep-blocks times the kernel with each (BLOCK_M, BLOCK_N, num_warps, num_stages) candidate and prints the
 best per shape and per group, for tuning flashcheck.kernel.fused.default_blocks.
@@ -44,6 +57,7 @@ import argparse
 import csv
 import datetime
 import hashlib
+import itertools
 import json
 import math
 import platform
@@ -59,8 +73,9 @@ from pathlib import Path
 from flashcheck.cases.backend import backend
 
 SDPA_PEERS = ("flash", "cudnn", "efficient")
-# Every contender, in table order. A shape runs its own (Shape.contenders): flex only on the features suite.
-CONTENDERS = ("kernel", *SDPA_PEERS, "flex")
+# Every contender, in table order. A shape runs its own (Shape.contenders): flex only on the features suite and the
+# varlen rows; dense (the fused dense kernel on the packed sequences padded to the longest) only on packed rows.
+CONTENDERS = ("kernel", *SDPA_PEERS, "flex", "dense")
 PEERS = CONTENDERS[1:]
 SDPA_BACKEND_NAMES = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                       "math": "MATH"}
@@ -68,8 +83,9 @@ SDPA_BACKEND_NAMES = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "e
 REFUSAL_HEADERS = {"flash": "flash attention kernel not used because",
                    "cudnn": "cudnn attention kernel not used because",
                    "efficient": "memory efficient kernel not used because"}
-SUITES = ("paper", "fp32", "decode", "features")
-# "all": the suites of the committed runs saved as "--suite all" (docs/bench/h200/); features is asked for by name
+SUITES = ("paper", "fp32", "decode", "features", "packed")
+# "all": the suites of the committed runs saved as "--suite all" (docs/bench/h200/); features and packed are asked
+# for by name
 ALL_SUITES = ("paper", "fp32", "decode")
 DTYPES = ("bf16", "fp16", "fp32")
 ELEMENT_SIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -103,8 +119,26 @@ WINDOW = (1024, 0)  # (left, right): causal, each query sees itself and the 1024
 WINDOW_N = (4096, 16384)
 SOFTCAP = 50.0  # Gemma 2's attention logit cap
 SOFTCAP_N = (4096, 16384)
-# The float64 reference (flashcheck.reference) materialises B*H*Nq*Nk scores: only small shapes (the smoke run).
+# the packed suite. varlen: a fixed list of mixed lengths in 128..4096, 16k tokens in all like the paper's shapes;
+# all but the longest end in a ragged key block, and the longest (4096) puts the rows in the summary (Nk >= 4096)
+PACKED_LENGTHS = (178, 1894, 588, 3257, 1737, 704, 2929, 305, 696, 4096)
+PACKED_HEADS = 16   # H*D = 2048 with D = 128, Hq = Hkv
+# paged decode: 32 cache lengths in 1k..32k (random.Random(31).randint(1024, 32768), 32 draws), Nq = 1, GQA 4:1
+PAGED_LENGTHS = (1426, 16411, 4707, 26057, 13896, 5639, 23432, 2441, 5568, 32162, 4708, 18561, 8619, 24338, 25848,
+                 5598, 5854, 25293, 2109, 22721, 3010, 5499, 8598, 18576, 25022, 15695, 18262, 14543, 7739, 20458,
+                 4075, 4895)
+PAGED_HEADS, PAGED_KV_HEADS = 32, 8
+PAGE_SIZES = (16, 256)
+QUICK_PACKED_DTYPES = ("bf16",)
+# An NVIDIA H200's peak HBM bandwidth in GB/s: 4.8 TB/s of HBM3e (NVIDIA's datasheet, SXM and NVL alike). The paged
+# rows report the kernel's achieved GB/s as a fraction of it; on any other device the fraction is n/a.
+H200_HBM_GBPS = 4800.0
+# The float64 reference (flashcheck.reference) materialises B*H*Nq*Nk scores (Shape.scores; packed shapes one
+# sequence at a time): only small shapes (the smoke run) and decode (the paged rows: 32 heads x 421,760 keys).
 FLOAT64_MAX_SCORES = 1 << 24
+# The paged rows' reference where the float64 one does not fit: the fused dense kernel on each sequence's own keys
+# (its ref_backend).
+PER_SEQUENCE = "dense per sequence"
 
 # The sweep's candidates: the tiles and pipelining depths worth trying on a Hopper-class GPU.
 SWEEP_GRID = {"block_m": (64, 128), "block_n": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3, 4)}
@@ -115,10 +149,13 @@ SMOKE_SWEEP_GRID = {"block_m": (32,), "block_n": (16, 32), "num_warps": (4,), "n
 
 FLOPS_TEXT = "4*B*H*Nq*Nk*D, halved when causal with Nq == Nk"
 WINDOW_FLOPS_TEXT = "; with a window, 4*B*H*D per visible (query, key) pair"
+PACKED_FLOPS_TEXT = "; packed sequences: summed over the sequences (the padded dense peer's padding not counted)"
+BANDWIDTH_TEXT = ("GB/s: Q, K and V (Hkv heads) of every sequence read once and O written once, over the kernel's "
+                  f"time; of HBM peak: that against an H200's {H200_HBM_GBPS / 1e3:g} TB/s (n/a on another device)")
 
 DEFAULT_OUT_DIR = Path(__file__).resolve().parent.parent / "docs" / "bench"
 CPU_REFUSAL = ("flashcheck bench: needs a CUDA GPU. The CPU backend runs Triton's interpreter, whose timings "
-               "mean nothing; use --smoke to run two tiny shapes through the code path.")
+               "mean nothing; use --smoke to run four tiny shapes through the code path.")
 
 
 def attention_flops(B, H, Nq, Nk, D, causal):
@@ -128,11 +165,22 @@ def attention_flops(B, H, Nq, Nk, D, causal):
     return flops // 2 if causal and Nq == Nk else flops
 
 
+def peak_hbm_gbps(device_name):
+    """The peak HBM bandwidth in GB/s of the device torch.cuda.get_device_name() names, where known (an H200),
+    else None."""
+    return H200_HBM_GBPS if device_name and "H200" in device_name else None
+
+
 @dataclass(frozen=True)
 class Shape:
     """One benchmark problem: q (B, H, Nq, D), k and v (B, Hkv, Nk, D), contiguous, of one dtype; the protocol's
     optional features: Hkv < H (grouped-query attention), window (left, right) (each side None or an int >= 0),
-    softcap (c > 0). Hkv defaults to H."""
+    softcap (c > 0). Hkv defaults to H.
+
+    Packed shapes (the packed suite; varlen_shape, paged_shape) have lengths, one a sequence. varlen (no
+    page_size): sequence b has lengths[b] queries and keys, packed (total, H, D); paged: each of the B sequences has
+    Nq queries and a cache of lengths[b] keys in pages of page_size slots. B is the number of sequences and Nq, Nk
+    the longest (the padded dense peer's shape); they take no window or softcap."""
     suite: str
     dtype: str
     B: int
@@ -144,6 +192,8 @@ class Shape:
     Hkv: int = None
     window: tuple = None
     softcap: float = None
+    lengths: tuple = None
+    page_size: int = None
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -158,13 +208,46 @@ class Shape:
         object.__setattr__(self, "softcap", None if self.softcap is None else float(self.softcap))
         if self.Hkv < 1 or self.H % self.Hkv:
             raise ValueError(f"H = {self.H} must be a multiple of Hkv = {self.Hkv}")
+        if self.lengths is not None:
+            self._check_packed()
+        elif self.page_size is not None:
+            raise ValueError("a page size needs the cache lengths (lengths=)")
 
-    def problem(self):
-        """The shape's reference.problem.Problem: the protocol's definition of what it computes."""
+    def _check_packed(self):
+        lengths = tuple(int(n) for n in self.lengths)
+        object.__setattr__(self, "lengths", lengths)
+        if self.page_size is not None:
+            object.__setattr__(self, "page_size", int(self.page_size))
+        if not lengths or min(lengths) < 0 or (self.page_size is not None and self.page_size < 1):
+            raise ValueError(f"packed shapes need lengths >= 0 and a page size >= 1, got {lengths}, "
+                             f"page_size {self.page_size}")
+        if self.window is not None or self.softcap is not None:
+            raise ValueError("packed shapes take no window or softcap")
+        longest = (self.Nq if self.page_size else max(lengths), max(lengths))
+        if (self.B, self.Nq, self.Nk) != (len(lengths), *longest):
+            raise ValueError(f"B, Nq, Nk must be the number of sequences and the longest lengths "
+                             f"{(len(lengths), *longest)}, got {(self.B, self.Nq, self.Nk)}")
+
+    @property
+    def sequences(self):
+        """(queries, keys) of each sequence: (Nq, Nk) B times; varlen (n, n), paged (Nq, n) for n in lengths."""
+        if self.lengths is None:
+            return ((self.Nq, self.Nk),) * self.B
+        return tuple((self.Nq if self.page_size else n, n) for n in self.lengths)
+
+    @property
+    def scores(self):
+        """How many (query head, query, key) scores the problem has: what the float64 reference materialises."""
+        return sum(self.H * nq * nk for nq, nk in self.sequences)
+
+    def problem(self, B=None, Nq=None, Nk=None):
+        """The shape's reference.problem.Problem: the protocol's definition of what it computes (B, Nq, Nk given:
+        of one packed sequence)."""
         from flashcheck.reference.problem import Problem   # lazy: numpy, only when a shape needs it
 
-        return Problem.make(self.B, self.H, self.Hkv, self.Nq, self.Nk, self.D, causal=self.causal,
-                            window=self.window, softcap=self.softcap)
+        return Problem.make(self.B if B is None else B, self.H, self.Hkv, self.Nq if Nq is None else Nq,
+                            self.Nk if Nk is None else Nk, self.D, causal=self.causal, window=self.window,
+                            softcap=self.softcap)
 
     def band(self):
         """(lo, hi): query i sees key j iff lo <= j - i <= hi (and 0 <= j < Nk), the protocol's window and causal
@@ -176,8 +259,10 @@ class Shape:
 
     @property
     def features(self):
-        """The optional features the shape uses, as text ("" for plain attention)."""
+        """The optional features the shape uses, as text ("" for plain attention), a packed shape's layout first."""
         parts = []
+        if self.lengths is not None:
+            parts.append("varlen" if self.page_size is None else f"paged {self.page_size}")
         if self.Hkv != self.H:
             parts.append(f"gqa {self.H // self.Hkv}:1")
         if self.window is not None:
@@ -188,23 +273,32 @@ class Shape:
 
     @property
     def contenders(self):
-        """The kernel and the peers run on this shape: flex_attention joins SDPA where a feature is in use."""
+        """The kernel and the peers run on this shape: flex_attention joins SDPA where a feature is in use; packed
+        shapes run the padded dense kernel, and varlen flex_attention with a document mask (no SDPA)."""
+        if self.lengths is not None:
+            return ("kernel", *(() if self.page_size else ("flex",)), "dense")
         return ("kernel", *SDPA_PEERS, *(("flex",) if self.features else ()))
 
     @property
     def flops(self):
         if self.window is None:
-            return attention_flops(self.B, self.H, self.Nq, self.Nk, self.D, self.causal)
+            return sum(attention_flops(1, self.H, nq, nk, self.D, self.causal) for nq, nk in self.sequences)
         lo, hi = self.problem().bounds()   # each row's first and last key
         return 4 * self.B * self.H * self.D * int((hi - lo + 1).clip(min=0).sum())
 
     @property
     def bytes(self):
-        """HBM traffic of a fused kernel: read Q, K, V (K and V of Hkv heads), write O."""
-        return ELEMENT_SIZE[self.dtype] * self.B * self.D * (2 * self.H * self.Nq + 2 * self.Hkv * self.Nk)
+        """HBM traffic of a fused kernel: read Q, K, V (K and V of Hkv heads), write O, for every sequence (paged:
+        each cached key once)."""
+        return ELEMENT_SIZE[self.dtype] * self.D * sum(2 * self.H * nq + 2 * self.Hkv * nk
+                                                       for nq, nk in self.sequences)
 
     def label(self):
         n = f"N={self.Nq}" if self.Nq == self.Nk else f"Nq={self.Nq} Nk={self.Nk}"
+        if self.lengths is not None:
+            span = f"{min(self.lengths)}..{max(self.lengths)}"
+            n = (f"Nq={self.Nq} Nk={span} ({sum(self.lengths)} keys)" if self.page_size
+                 else f"N={span} ({sum(self.lengths)} tokens)")
         return (f"{self.suite} {self.dtype} B={self.B} H={self.H} {n} D={self.D}"
                 f"{' causal' if self.causal else ''}{' ' + self.features if self.features else ''}")
 
@@ -240,20 +334,48 @@ def feature_shapes(quick=False):
     return gqa + window + softcap
 
 
+def varlen_shape(suite, dtype, H, D, lengths, causal):
+    """Packed sequences of these lengths (queries and keys alike), Hq = Hkv = H: attention_varlen's problem."""
+    return Shape(suite, dtype, len(lengths), H, max(lengths), max(lengths), D, causal, lengths=lengths)
+
+
+def paged_shape(suite, dtype, H, Hkv, Nq, D, lengths, page_size):
+    """B = len(lengths) sequences of Nq queries, not causal, over caches of these lengths in pages of page_size
+    slots: attention_paged's problem."""
+    return Shape(suite, dtype, len(lengths), H, Nq, max(lengths), D, False, Hkv=Hkv, lengths=lengths,
+                 page_size=page_size)
+
+
+def packed_shapes(quick=False):
+    """The kernel's packed entry points: varlen on PACKED_LENGTHS (16k tokens, H*D = 2048, causal off and on, bf16
+    and fp16; --quick: bf16), and paged decode on PAGED_LENGTHS (B = 32, Nq = 1, Hq = 32, Hkv = 8, bf16) in pages
+    of each of PAGE_SIZES."""
+    varlen = [varlen_shape("packed", dtype, PACKED_HEADS, FEATURE_D, PACKED_LENGTHS, causal)
+              for dtype in (QUICK_PACKED_DTYPES if quick else ("bf16", "fp16")) for causal in (False, True)]
+    paged = [paged_shape("packed", "bf16", PAGED_HEADS, PAGED_KV_HEADS, 1, FEATURE_D, PAGED_LENGTHS, page_size)
+             for page_size in PAGE_SIZES]
+    return varlen + paged
+
+
 def smoke_shapes():
-    """Two tiny causal fp32 shapes (bf16 is silently wrong in the interpreter), with several key blocks and a causal
-    diagonal at the sweep's smoke tiles: plain attention, and GQA 2:1 with a window that hides whole key blocks
-    and a softcap that bends the scores (no SDPA can compute it, and flex_attention is not compiled on the CPU:
-    the float64 reference checks it)."""
+    """Four tiny fp32 shapes (bf16 is silently wrong in the interpreter), with several key blocks and a causal
+    diagonal at the sweep's smoke tiles: plain causal attention, and GQA 2:1 with a window that hides whole key
+    blocks and a softcap that bends the scores (no SDPA can compute it, and flex_attention is not compiled on the
+    CPU: the float64 reference checks it); packed sequences with an empty one (varlen, causal) and a paged cache
+    of 7-slot pages, GQA 2:1 (blocks cross pages), both checked against the float64 reference sequence by
+    sequence."""
     return [Shape("smoke", "fp32", 1, 2, 64, 64, 16, True),
-            Shape("smoke", "fp32", 1, 4, 64, 64, 16, True, Hkv=2, window=(24, 0), softcap=1.0)]
+            Shape("smoke", "fp32", 1, 4, 64, 64, 16, True, Hkv=2, window=(24, 0), softcap=1.0),
+            varlen_shape("smoke", "fp32", 2, 16, (5, 0, 17, 40), True),
+            paged_shape("smoke", "fp32", 4, 2, 1, 16, (5, 0, 17, 40), 7)]
 
 
 def select_shapes(suites=("all",), dtypes=DTYPES, quick=False):
     """The shapes of the chosen suites ("all": ALL_SUITES, with any others named beside it), keeping only the
     chosen dtypes."""
     chosen = set(suites) | (set(ALL_SUITES) if "all" in suites else set())
-    makers = {"paper": paper_shapes, "fp32": fp32_shapes, "decode": decode_shapes, "features": feature_shapes}
+    makers = {"paper": paper_shapes, "fp32": fp32_shapes, "decode": decode_shapes, "features": feature_shapes,
+              "packed": packed_shapes}
     return [s for name in SUITES if name in chosen for s in makers[name](quick) if s.dtype in dtypes]
 
 
@@ -267,7 +389,8 @@ class Cell:
 
 @dataclass
 class Row:
-    """One shape: a cell per contender, and the spot-check of the kernel's output against SDPA's."""
+    """One shape: a cell per contender, and the spot-check of the kernel's output against the reference; the peak
+    HBM bandwidth (GB/s) of the device it ran on where known (peak_hbm_gbps)."""
     shape: Shape
     cells: dict = field(default_factory=dict)
     kernel_cfg: str = ""
@@ -276,6 +399,7 @@ class Row:
     ref_max_abs: float | None = None
     check: str = "not run"  # ok | WRONG | no reference | error | not run
     check_note: str = ""
+    peak_gbps: float | None = None
 
     def tflops(self, contender):
         cell = self.cells.get(contender)
@@ -288,6 +412,11 @@ class Row:
         if cell is None or cell.status != "ok" or not cell.ms or cell.ms <= 0:
             return None
         return self.shape.bytes / (cell.ms * 1e-3) / 1e9
+
+    def hbm_fraction(self):
+        """The kernel's GB/s as a fraction of the device's peak HBM bandwidth, or None (no peak known, no time)."""
+        gbps = self.gbps("kernel")
+        return gbps / self.peak_gbps if gbps is not None and self.peak_gbps else None
 
     def ratio(self, peer):
         """kernel / peer throughput (> 1: the kernel is faster), or None when either did not run."""
@@ -384,6 +513,7 @@ class Runtime:
             self.flex, self.flex_note = torch.compile(flex_attention, dynamic=False), ""
         self.precision = precision   # the kernel's fp32 products (--precision); half precision ignores it
         self.device = "cuda" if on_gpu else "cpu"
+        self.peak_gbps = peak_hbm_gbps(torch.cuda.get_device_name()) if on_gpu else None
         self.dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
         if on_gpu:
             from triton.testing import do_bench   # lazy: Triton, as above
@@ -416,13 +546,10 @@ class Runtime:
         return getattr(self.SDPBackend, SDPA_BACKEND_NAMES[name], None)
 
     def reference(self, calls):
-        """(output, name, note): the output of the first that runs of the SDPA backends of REFERENCE_ORDER,
-        flex_attention (where it is one of the shape's contenders) and the float64 reference; the note says why
-        none did."""
-        shape = calls.shape
-        names = (*REFERENCE_ORDER[shape.dtype], *(("flex",) if "flex" in shape.contenders else ()), "float64")
+        """(output, name, note): the output of the first that runs of calls.references() (SDPA's backends, other
+        calls by name); the note says why none did."""
         tried = []
-        for name in names:
+        for name in calls.references():
             try:
                 if name in SDPA_BACKEND_NAMES:
                     enum = self.backend_enum(name)
@@ -434,7 +561,7 @@ class Runtime:
                         with self.sdpa_kernel([enum]):
                             out = fn()
                 else:
-                    out = (calls.flex() if name == "flex" else calls.float64())()
+                    out = calls.builders()[name]()()
                 self.sync()
                 return out, name, ""
             except NotApplicable as exc:
@@ -447,12 +574,20 @@ class Runtime:
     def precision_of(self, shape):
         return self.precision if shape.dtype == "fp32" else "ieee"
 
+    def uses_tma(self, shape):
+        """Whether the kernel loads K and V through tensor descriptors: where available, never for packed rows."""
+        return shape.lengths is None and self.fused.descriptors_available(self.dtypes[shape.dtype])
+
+    def default_config(self, shape):
+        """The kernel's (BLOCK_M, BLOCK_N, num_warps, num_stages) for the shape (its longest lengths)."""
+        return tuple(self.fused.default_blocks(shape.Nq, shape.Nk, shape.D, self.dtypes[shape.dtype],
+                                               self.precision_of(shape), self.uses_tma(shape)))
+
     def kernel_config(self, shape, blocks):
-        bm, bn, warps, stages = self.fused.default_blocks(shape.Nq, shape.Nk, shape.D, self.dtypes[shape.dtype],
-                                                          self.precision_of(shape))
+        bm, bn, warps, stages = self.default_config(shape)
         if blocks:
             bm, bn = blocks
-        tma = self.fused.descriptors_available(self.dtypes[shape.dtype])
+        tma = self.uses_tma(shape)
         # the dots' precision where it is not fp16/bf16's: tf32x3, or fp32 "ieee" on the fp64 tensor cores
         chooser = getattr(self.fused, "dot_precision", None)
         dots = (chooser(self.dtypes[shape.dtype], self.precision_of(shape)) if chooser
@@ -485,8 +620,8 @@ class Runtime:
 
     def measure_peer(self, peer, calls):
         """The Cell of one peer on one shape's inputs."""
-        if peer == "flex":
-            fn, cell = self.prepared(calls.flex)
+        if peer not in SDPA_BACKEND_NAMES:
+            fn, cell = self.prepared(calls.builders()[peer])
             return cell or self.measure(fn)[0]
         enum = self.backend_enum(peer)
         if enum is None:
@@ -513,10 +648,10 @@ class Runtime:
     def bench_shape(self, shape, blocks):
         """One Row: the kernel (spot-checked against the reference), then each peer of the shape, on one set of
         inputs."""
-        row, calls = Row(shape), None
+        row, calls = Row(shape, peak_gbps=self.peak_gbps), None
         try:
             row.kernel_cfg = self.kernel_config(shape, blocks)
-            calls = Calls(self, shape)
+            calls = calls_for(self, shape)
             ref, row.ref_backend, ref_note = self.reference(calls)
             bm, bn = blocks or (None, None)
             row.cells["kernel"], out = self.measure(calls.kernel(bm, bn))
@@ -543,12 +678,11 @@ class Runtime:
     def sweep_shape(self, shape, candidates):
         """A SweepRecord per candidate (BLOCK_M, BLOCK_N, num_warps, num_stages) and for the kernel's default
         configuration, each output spot-checked against the reference."""
-        default = tuple(self.fused.default_blocks(shape.Nq, shape.Nk, shape.D, self.dtypes[shape.dtype],
-                                                  self.precision_of(shape)))
+        default = self.default_config(shape)
         configs = list(candidates) + ([default] if default not in candidates else [])
         records, calls = [], None
         try:
-            calls = Calls(self, shape)
+            calls = calls_for(self, shape)
             ref, _, ref_note = self.reference(calls)
             for config in configs:
                 cell, out = self.measure(calls.kernel(*config))
@@ -588,11 +722,25 @@ class Calls:
             self._built[build.__name__] = build()
         return self._built[build.__name__]
 
-    def kernel(self, block_m=None, block_n=None, num_warps=None, num_stages=None):
+    def references(self):
+        """The names Runtime.reference tries, in order: SDPA's backends (REFERENCE_ORDER), flex_attention where it
+        is one of the shape's contenders, the float64 reference."""
+        s = self.shape
+        return (*REFERENCE_ORDER[s.dtype], *(("flex",) if "flex" in s.contenders else ()), "float64")
+
+    def builders(self):
+        """What builds each call that is not SDPA's (a peer or a reference), by its name."""
+        return {"flex": self.flex, "float64": self.float64}
+
+    def options(self, block_m=None, block_n=None, num_warps=None, num_stages=None):
+        """The kernel's keyword arguments: the shape's function, the launch overrides, the precision."""
         rt, s = self.rt, self.shape
-        return lambda: rt.fused.attention(self.q, self.k, self.v, causal=s.causal, window=s.window,
-                                          softcap=s.softcap, block_m=block_m, block_n=block_n, num_warps=num_warps,
-                                          num_stages=num_stages, precision=rt.precision_of(s))
+        return dict(causal=s.causal, window=s.window, softcap=s.softcap, block_m=block_m, block_n=block_n,
+                    num_warps=num_warps, num_stages=num_stages, precision=rt.precision_of(s))
+
+    def kernel(self, block_m=None, block_n=None, num_warps=None, num_stages=None):
+        options = self.options(block_m, block_n, num_warps, num_stages)
+        return lambda: self.rt.fused.attention(self.q, self.k, self.v, **options)
 
     def visible(self):
         """(Nq, Nk) bool on the device, True where the query sees the key (Shape.band)."""
@@ -622,6 +770,15 @@ class Calls:
         rt, s = self.rt, self.shape
         if rt.flex is None:
             raise NotApplicable(rt.flex_note)
+        q, k, v, block_mask, score_mod = self.flex_inputs()
+        gqa = s.Hkv != s.H
+        rt.torch.compiler.reset()   # one graph per shape, never the recompile limit (Runtime.__init__)
+        return lambda: rt.flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)
+
+    def flex_inputs(self):
+        """(q, k, v, block_mask, score_mod) of flex_attention's call: the window and causal mask as a block mask,
+        the softcap as a score_mod."""
+        rt, s = self.rt, self.shape
         block_mask = score_mod = None
         if s.window is not None or s.causal:
             lo, hi = s.band()
@@ -636,18 +793,160 @@ class Calls:
             def score_mod(score, b, h, q_idx, kv_idx):
                 return cap * tanh(score / cap)
 
-        gqa = s.Hkv != s.H
-        rt.torch.compiler.reset()   # one graph per shape, never the recompile limit (Runtime.__init__)
-        return lambda: rt.flex(self.q, self.k, self.v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)
+        return self.q, self.k, self.v, block_mask, score_mod
 
     def float64(self):
-        s = self.shape
-        if s.B * s.H * s.Nq * s.Nk > FLOAT64_MAX_SCORES:
-            raise NotApplicable(f"B*H*Nq*Nk above {FLOAT64_MAX_SCORES} scores")
+        if self.shape.scores > FLOAT64_MAX_SCORES:
+            raise NotApplicable(f"{self.shape.scores} scores (H*Nq*Nk over the batch), above {FLOAT64_MAX_SCORES}")
         from flashcheck.reference.torch_ref import attention   # lazy, as Runtime's imports
 
-        pb = s.problem()
+        return self.float64_call(attention)
+
+    def float64_call(self, attention):
+        pb = self.shape.problem()
         return lambda: attention(self.q, self.k, self.v, upcast=True, problem=pb)[0]
+
+
+class PackedCalls(Calls):
+    """A packed shape's inputs and calls. varlen: q (total, H, D), k and v (total, Hkv, D), the sequences one after
+    another (cu_seqlens). paged: q (B, H, Nq, D), k and v caches (num_pages, page_size, Hkv, D) whose pool is handed
+    out in a fixed shuffled order (a sequence's pages lie anywhere, out of order), the block table and the cache
+    lengths; the slots past a sequence's keys hold random values, never read.
+
+    kernel: attention_varlen or attention_paged (their host checks of offsets or table, one synchronisation a
+    call, are timed with them: a caller pays them). dense: the fused dense kernel on the sequences padded to the
+    longest with zeros; nothing masks the padding keys (the dense kernel has no key-padding mask), so it computes
+    another function: a timing peer, never a reference. flex (varlen): flex_attention with a document mask. The
+    references, first that runs: the float64 reference sequence by sequence on each one's own keys (where
+    FLOAT64_MAX_SCORES allows: the smoke shapes and the paged decode rows), then flex_attention (varlen) or the
+    fused dense kernel run sequence by sequence (PER_SEQUENCE, paged)."""
+
+    def __init__(self, rt, shape):
+        self.rt, self.shape, self._built = rt, shape, {}
+        torch, s = rt.torch, shape
+        gen = torch.Generator(device=rt.device).manual_seed(0)
+
+        def randn(*size):
+            return torch.randn(size, generator=gen, device=rt.device, dtype=rt.dtypes[s.dtype])
+
+        lengths = torch.tensor(s.lengths, dtype=torch.int32)
+        if s.page_size is None:
+            total = sum(s.lengths)
+            self.q, self.k, self.v = randn(total, s.H, s.D), randn(total, s.Hkv, s.D), randn(total, s.Hkv, s.D)
+            self.cu_seqlens = torch.cat([lengths.new_zeros(1), lengths.cumsum(0, dtype=torch.int32)]).to(rt.device)
+            return
+        counts = [-(-n // s.page_size) for n in s.lengths]
+        pool = max(sum(counts), 1)
+        self.q = randn(s.B, s.H, s.Nq, s.D)
+        self.k, self.v = randn(pool, s.page_size, s.Hkv, s.D), randn(pool, s.page_size, s.Hkv, s.D)
+        order = torch.randperm(pool, generator=torch.Generator().manual_seed(1)).tolist()
+        starts = itertools.accumulate(counts, initial=0)
+        self.page_lists = [order[start:start + count] for start, count in zip(starts, counts)]
+        table = torch.zeros((s.B, max(max(counts), 1)), dtype=torch.int32)   # entries past the pages: never read
+        for b, pages in enumerate(self.page_lists):
+            table[b, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        self.block_table, self.cache_seqlens = table.to(rt.device), lengths.to(rt.device)
+
+    def references(self):
+        return ("float64", "flex" if self.shape.page_size is None else PER_SEQUENCE)
+
+    def builders(self):
+        return {**super().builders(), "dense": self.dense, PER_SEQUENCE: self.dense_per_sequence}
+
+    def kernel(self, block_m=None, block_n=None, num_warps=None, num_stages=None):
+        rt, s = self.rt, self.shape
+        options = self.options(block_m, block_n, num_warps, num_stages)
+        if s.page_size is not None:
+            return lambda: rt.fused.attention_paged(self.q, self.k, self.v, self.block_table, self.cache_seqlens,
+                                                    **options)
+        return lambda: rt.fused.attention_varlen(self.q, self.k, self.v, self.cu_seqlens, self.cu_seqlens,
+                                                 max_seqlen_q=s.Nq, max_seqlen_k=s.Nk, **options)
+
+    def sequences(self):
+        """Each sequence's (q, k, v) as dense (1, H, nq, D) and (1, Hkv, nk, D) tensors: views of the packed rows,
+        or a paged sequence's keys gathered from its pages."""
+        s = self.shape
+        if s.page_size is None:
+            bounds = [0, *itertools.accumulate(s.lengths)]
+
+            def dense(t, b):
+                return t[bounds[b]:bounds[b + 1]].transpose(0, 1)[None]
+
+            return [(dense(self.q, b), dense(self.k, b), dense(self.v, b)) for b in range(s.B)]
+
+        def gathered(cache, b):
+            return cache[self.page_lists[b]].flatten(0, 1)[:s.lengths[b]].transpose(0, 1)[None]
+
+        return [(self.q[b:b + 1], gathered(self.k, b), gathered(self.v, b)) for b in range(s.B)]
+
+    def each_sequence(self, attend):
+        """A call computing attend(q, k, v, nq, nk) on each sequence (PackedCalls.sequences, gathered once), its
+        outputs joined in the kernel's layout: packed (total, H, D), or (B, H, Nq, D)."""
+        seqs, sizes, cat = self._once(self.sequences), self.shape.sequences, self.rt.torch.cat
+        if self.shape.page_size is not None:
+            return lambda: cat([attend(*qkv, *n) for qkv, n in zip(seqs, sizes)])
+        return lambda: cat([attend(*qkv, *n)[0].transpose(0, 1) for qkv, n in zip(seqs, sizes)])
+
+    def float64_call(self, attention):
+        s = self.shape
+        return self.each_sequence(lambda q, k, v, nq, nk: attention(q, k, v, upcast=True,
+                                                                      problem=s.problem(1, nq, nk))[0])
+
+    def dense_per_sequence(self):
+        """The fused dense kernel on each sequence's own keys (cheap for decode): a reference for paged rows."""
+        rt, options = self.rt, self.options()
+
+        def attend(q, k, v, nq, nk):
+            # the dense kernel refuses Nk = 0; the protocol gives 0 to rows without keys
+            return rt.fused.attention(q, k, v, **options) if nk else q.new_zeros(q.shape)
+
+        return self.each_sequence(attend)
+
+    def dense(self):
+        return self._once(self._dense)
+
+    def _dense(self):
+        """The fused dense kernel on the sequences padded with zeros to the longest: (B, H, Nq, D), (B, Hkv, Nk,
+        D)."""
+        rt, s = self.rt, self.shape
+        seqs = self._once(self.sequences)
+
+        def padded(part, heads, n):
+            out = seqs[0][part].new_zeros((s.B, heads, n, s.D))
+            for b, seq in enumerate(seqs):
+                out[b, :, :seq[part].shape[2]] = seq[part][0]
+            return out
+
+        q, k, v = padded(0, s.H, s.Nq), padded(1, s.Hkv, s.Nk), padded(2, s.Hkv, s.Nk)
+        options = self.options()
+        return lambda: rt.fused.attention(q, k, v, **options)
+
+    def flex_inputs(self):
+        """flex_attention on the packed rows as one (1, H, total, D) sequence (copied once, outside the timing, to
+        its own layout) with a document mask: a query sees the keys of its own sequence (causal: up to itself)."""
+        rt, s, torch = self.rt, self.shape, self.rt.torch
+        if s.page_size is not None:
+            raise NotApplicable("flex_attention is not a peer of the paged rows")
+        doc = torch.repeat_interleave(torch.arange(s.B, device=rt.device),
+                                      torch.tensor(s.lengths, device=rt.device))
+        causal, total = s.causal, sum(s.lengths)
+
+        def same_sequence(b, h, q_idx, kv_idx):
+            same = doc[q_idx] == doc[kv_idx]
+            return same & (kv_idx <= q_idx) if causal else same
+
+        block_mask = rt.create_block_mask(same_sequence, None, None, total, total, device=rt.device)
+        q, k, v = (t.transpose(0, 1)[None].contiguous() for t in (self.q, self.k, self.v))
+        return q, k, v, block_mask, None
+
+    def flex(self):
+        call = super().flex()
+        return lambda: call()[0].transpose(0, 1)   # (total, H, D), the kernel's layout (a view)
+
+
+def calls_for(rt, shape):
+    """The Calls of a shape: PackedCalls for packed shapes."""
+    return (Calls if shape.lengths is None else PackedCalls)(rt, shape)
 
 
 @dataclass
@@ -793,8 +1092,10 @@ def format_table(rows):
 
     contenders = contenders_of(rows)
     featured = any(r.shape.features for r in rows)
+    paged = any(r.shape.page_size for r in rows)   # the kernel's GB/s and its fraction of the HBM peak
     headers = ["suite", "dtype", "B", "H", "Nq", "Nk", "D", "causal", *(["features"] if featured else []), *contenders,
-               *(f"k/{p}" for p in contenders[1:]), "kernel cfg", "max|diff|", "check"]
+               *(f"k/{p}" for p in contenders[1:]), *(["GB/s", "of HBM peak"] if paged else []), "kernel cfg",
+               "max|diff|", "check"]
     body = []
     for r in rows:
         s = r.shape
@@ -810,10 +1111,13 @@ def format_table(rows):
         check_note = f"check {r.check}: {r.check_note}" if r.check_note else ""
         body.append([s.suite, s.dtype, s.B, s.H, s.Nq, s.Nk, s.D, "yes" if s.causal else "no",
                      *([s.features or "-"] if featured else []), *cells,
-                     *(_fmt(r.ratio(p), ".2f") for p in contenders[1:]), r.kernel_cfg, _fmt(r.max_abs_diff, ".2g"),
-                     noted(r.check, check_note)])
-    flops = FLOPS_TEXT + (WINDOW_FLOPS_TEXT if any(r.shape.window for r in rows) else "")
-    lines = [f"TFLOP/s (FLOPs = {flops}); k/peer > 1: the kernel is faster"]
+                     *(_fmt(r.ratio(p), ".2f") for p in contenders[1:]),
+                     *([_fmt(r.gbps("kernel"), ".4g"), "n/a" if r.peak_gbps is None else _fmt(r.hbm_fraction(), ".2f")]
+                       if paged else []),
+                     r.kernel_cfg, _fmt(r.max_abs_diff, ".2g"), noted(r.check, check_note)])
+    flops = (FLOPS_TEXT + (WINDOW_FLOPS_TEXT if any(r.shape.window for r in rows) else "")
+             + (PACKED_FLOPS_TEXT if any(r.shape.lengths for r in rows) else ""))
+    lines = [f"TFLOP/s (FLOPs = {flops}); k/peer > 1: the kernel is faster"] + ([BANDWIDTH_TEXT] if paged else [])
     lines += _columns_text(headers, body, left=2)
     lines += [f"[{n}] {text}" for text, n in notes.items()]
     return "\n".join(lines)
@@ -853,7 +1157,7 @@ def _num(x):
 
 
 SHAPE_COLUMNS = ["suite", "dtype", "B", "H", "Hkv", "Nq", "Nk", "D", "causal", "window_left", "window_right",
-                 "softcap", "flops", "bytes"]
+                 "softcap", "lengths", "page_size", "flops", "bytes"]
 
 
 def csv_columns(contenders=CONTENDERS):
@@ -861,7 +1165,8 @@ def csv_columns(contenders=CONTENDERS):
     return (SHAPE_COLUMNS
             + [f"{c}_{x}" for c in contenders for x in ("status", "ms", "tflops", "gbps", "note")]
             + [f"kernel/{p}" for p in contenders if p != "kernel"]
-            + ["kernel_cfg", "ref_backend", "max_abs_diff", "ref_max_abs", "tolerance", "check", "check_note"])
+            + ["kernel_cfg", "ref_backend", "max_abs_diff", "ref_max_abs", "tolerance", "check", "check_note",
+               "hbm_peak_gbps", "kernel_hbm_fraction"])
 
 
 CSV_COLUMNS = csv_columns()
@@ -872,8 +1177,9 @@ SWEEP_COLUMNS = (SHAPE_COLUMNS + ["block_m", "block_n", "num_warps", "num_stages
 def _shape_record(s):
     left, right = s.window or (None, None)
     return {"suite": s.suite, "dtype": s.dtype, "B": s.B, "H": s.H, "Hkv": s.Hkv, "Nq": s.Nq, "Nk": s.Nk, "D": s.D,
-            "causal": s.causal, "window_left": left, "window_right": right, "softcap": s.softcap, "flops": s.flops,
-            "bytes": s.bytes}
+            "causal": s.causal, "window_left": left, "window_right": right, "softcap": s.softcap,
+            "lengths": None if s.lengths is None else " ".join(map(str, s.lengths)), "page_size": s.page_size,
+            "flops": s.flops, "bytes": s.bytes}
 
 
 def row_record(r):
@@ -887,20 +1193,24 @@ def row_record(r):
     rec.update({f"kernel/{p}": _num(r.ratio(p)) for p in r.shape.contenders[1:]})
     rec.update({"kernel_cfg": r.kernel_cfg, "ref_backend": r.ref_backend, "max_abs_diff": _num(r.max_abs_diff),
                 "ref_max_abs": _num(r.ref_max_abs), "tolerance": TOLERANCE[r.shape.dtype], "check": r.check,
-                "check_note": r.check_note})
+                "check_note": r.check_note, "hbm_peak_gbps": r.peak_gbps,
+                "kernel_hbm_fraction": _num(r.hbm_fraction())})
     return rec
 
 
 def row_from_record(rec):
     """The Row a row_record came from (times, not derived figures, are what it keeps): for --show. Reads the
-    records of older runs too (no Hkv, window or softcap: plain attention; no flex_* keys: flex did not run)."""
+    records of older runs too (no Hkv, window or softcap: plain attention; no flex_* keys: flex did not run; no
+    lengths: not packed; no hbm_peak_gbps: no peak known)."""
     window = (rec.get("window_left"), rec.get("window_right"))
+    lengths = rec.get("lengths")
     shape = Shape(rec["suite"], rec["dtype"], int(rec["B"]), int(rec["H"]), int(rec["Nq"]), int(rec["Nk"]),
-                  int(rec["D"]), bool(rec["causal"]), Hkv=rec.get("Hkv"), window=window, softcap=rec.get("softcap"))
+                  int(rec["D"]), bool(rec["causal"]), Hkv=rec.get("Hkv"), window=window, softcap=rec.get("softcap"),
+                  lengths=None if lengths is None else lengths.split(), page_size=rec.get("page_size"))
     cells = {c: Cell(rec[f"{c}_status"], rec[f"{c}_ms"] if isinstance(rec[f"{c}_ms"], (int, float)) else None,
                      rec[f"{c}_note"]) for c in CONTENDERS if rec.get(f"{c}_status")}
     return Row(shape, cells, rec["kernel_cfg"], rec["ref_backend"], rec["max_abs_diff"], rec["ref_max_abs"],
-               rec["check"], rec["check_note"])
+               rec["check"], rec["check_note"], rec.get("hbm_peak_gbps"))
 
 
 def show(path):
@@ -1052,7 +1362,8 @@ def collect_meta(rt, args, date):
     meta.update({"torch": torch.__version__, "triton": rt.triton.__version__, "cuda": torch.version.cuda or "none",
                  "cudnn": str(torch.backends.cudnn.version()), "python": platform.python_version(),
                  "timer": rt.timer, "tf32": "off (torch.backends.cuda.matmul.allow_tf32 = False, cudnn too)",
-                 "flops": FLOPS_TEXT + WINDOW_FLOPS_TEXT,
+                 "flops": FLOPS_TEXT + WINDOW_FLOPS_TEXT + PACKED_FLOPS_TEXT,
+                 "hbm_peak_gbps": rt.peak_gbps if rt.peak_gbps else "n/a (peak_hbm_gbps knows the H200 only)",
                  "check": "max|kernel - reference| <= tol * max|reference| (the reference: ref_backend), tol " +
                           ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items()),
                  "kernel_blocks": (f"{args.blocks[0]}x{args.blocks[1]} (--blocks)" if args.blocks
@@ -1092,12 +1403,15 @@ def add_arguments(parser):
     parser.add_argument("--suite", nargs="+", choices=(*SUITES, "all"), default=["all"],
                         help="paper (FlashAttention paper shapes), fp32 (ieee, against efficient), decode "
                              "(Nq in 1..128 against Nk in 8k..32k), features (GQA 8:1 and 4:1, a sliding window, "
-                             "a logit softcap; SDPA and flex_attention); default all: paper, fp32 and decode")
+                             "a logit softcap; SDPA and flex_attention), packed (varlen against flex_attention and "
+                             "the padded dense kernel; paged decode against the padded dense kernel, with its HBM "
+                             "bandwidth); default all: paper, fp32 and decode")
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES),
                         help="keep only the shapes of these dtypes (default all)")
     parser.add_argument("--quick", action="store_true",
                         help=f"reduced set: paper N in {QUICK_PAPER_N}, fp32 N in {QUICK_FP32_N}, "
-                             f"decode Nk in {QUICK_DECODE_NK}, features GQA N in {QUICK_GQA_N}")
+                             f"decode Nk in {QUICK_DECODE_NK}, features GQA N in {QUICK_GQA_N}, packed varlen "
+                             f"{' '.join(QUICK_PACKED_DTYPES)} only")
     parser.add_argument("--warmup", type=_positive_ms, default=25.0, help="do_bench warmup, ms (default 25)")
     parser.add_argument("--rep", type=_positive_ms, default=100.0, help="do_bench repetition time, ms (default 100)")
     parser.add_argument("--blocks", type=parse_blocks, metavar="BMxBN",
@@ -1111,8 +1425,8 @@ def add_arguments(parser):
     parser.add_argument("--show", type=Path, metavar="JSON",
                         help="print the table of a saved run (its bench.json) and exit; needs no GPU")
     parser.add_argument("--smoke", action="store_true",
-                        help="two tiny shapes, plain and with features (on the CPU through Triton's interpreter): "
-                             "exercises the code path")
+                        help="four tiny shapes, plain, with features, varlen and paged (on the CPU through "
+                             "Triton's interpreter): exercises the code path")
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
                         help="where bench.csv/.png/.json go (smoke.*, bench_sweep.* for the other modes)")
     parser.add_argument("--csv", type=Path, help="CSV path (default OUT_DIR/bench.csv)")
@@ -1161,7 +1475,8 @@ def run(args):
         if args.sweep_blocks:
             return _run_sweep(rt, args, shapes, paths, meta, started)
         # flash and cuDNN refuse fp32 at once, SDPA cannot softcap: two timings per such shape
-        timings = sum(2 if s.dtype == "fp32" or s.softcap else len(s.contenders) for s in shapes)
+        timings = sum(2 if "flash" in s.contenders and (s.dtype == "fp32" or s.softcap) else len(s.contenders)
+                      for s in shapes)
         compiles = sum("flex" in s.contenders for s in shapes) if rt.flex else 0
         _progress(f"flashcheck bench: {len(shapes)} shapes x up to {len(contenders_of_shapes(shapes))} contenders "
                   f"on {rt.device}, {rt.timer}; about {estimate_seconds(timings, args.warmup, args.rep):.0f} s plus "

@@ -1,11 +1,12 @@
-"""flashcheck bench: the FLOP formula, the shape suites (features: GQA, a window, a softcap), the spot-check and the
-peers' conventions, the writers (on synthetic results; --show of the committed runs), the sweep's launcher, and the
-command end to end on two tiny shapes (--smoke)."""
+"""flashcheck bench: the FLOP formula, the shape suites (features: GQA, a window, a softcap; packed: varlen and a paged
+cache, their bytes and bandwidth), the spot-check and the peers' conventions, the writers (on synthetic results;
+--show of the committed runs), the sweep's launcher, and the command end to end on four tiny shapes (--smoke)."""
 import argparse
 import csv
 import importlib.util
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,8 +82,8 @@ def test_fp32_and_decode_suites():
 
 def test_select_shapes_filters_suites_and_dtypes():
     everything = bench.select_shapes()
-    # "all" is the committed runs' suites: features is asked for by name
-    assert len(everything) == 48 + 8 + 6 and "features" not in {s.suite for s in everything}
+    # "all" is the committed runs' suites: features and packed are asked for by name
+    assert len(everything) == 48 + 8 + 6 and not {"features", "packed"} & {s.suite for s in everything}
     assert [s.suite for s in everything] == sorted((s.suite for s in everything), key=bench.SUITES.index)
     only_bf16 = bench.select_shapes(("all",), ("bf16",))
     assert {s.dtype for s in only_bf16} == {"bf16"} and {s.suite for s in only_bf16} == {"paper", "decode"}
@@ -95,6 +96,13 @@ def test_select_shapes_filters_suites_and_dtypes():
     assert bench.select_shapes(("features",), ("fp32",)) == []
     assert len(bench.select_shapes(("features",), quick=True)) == 28
     assert _args("--suite", "features").suite == ["features"]
+    packed = bench.select_shapes(("packed",))
+    assert packed == bench.packed_shapes() and len(packed) == 4 + 2
+    assert bench.select_shapes(("all", "packed")) == everything + packed
+    assert bench.select_shapes(("packed",), ("fp16",)) == [s for s in packed if s.dtype == "fp16"]
+    assert bench.select_shapes(("packed",), ("fp32",)) == []
+    assert len(bench.select_shapes(("packed",), quick=True)) == 2 + 2   # varlen bf16 only, both page sizes
+    assert _args("--suite", "packed").suite == ["packed"]
     with pytest.raises(SystemExit):
         _args("--suite", "gqa")
 
@@ -114,7 +122,7 @@ def test_feature_suite_shapes_flops_bytes_and_labels():
     assert {(s.Nq, s.causal, s.softcap) for s in softcap} == {(n, c, 50.0) for n in (4096, 16384)
                                                               for c in (False, True)}
     assert len(gqa) + len(window) + len(softcap) == len(shapes) == 36
-    assert all(s.contenders == bench.CONTENDERS for s in shapes)  # flex joins SDPA on every feature shape
+    assert all(s.contenders == ("kernel", *bench.SDPA_PEERS, "flex") for s in shapes)  # flex joins SDPA on each
     assert all("flex" not in s.contenders for s in bench.select_shapes())
 
     g = next(s for s in gqa if (s.Hkv, s.Nq, s.causal, s.dtype) == (4, 4096, True, "bf16"))
@@ -138,6 +146,56 @@ def test_feature_suite_shapes_flops_bytes_and_labels():
     assert cross.flops == 4 * 16 * (3 + 3 + 3 + 2) and cross.band() == (3, 5)
     with pytest.raises(ValueError, match="multiple of Hkv"):
         bench.Shape("x", "bf16", 1, 6, 8, 8, 16, False, Hkv=4)
+
+
+def test_packed_suite_shapes_flops_bytes_and_labels():
+    """varlen: mixed lengths, 16k tokens, H*D = 2048; paged decode: B = 32 caches of 1k..32k keys, GQA 4:1, pages of
+    16 and 256. FLOPs and bytes are summed over the sequences (the padded dense peer's padding is not counted)."""
+    shapes = bench.packed_shapes()
+    varlen = [s for s in shapes if s.page_size is None]
+    paged = [s for s in shapes if s.page_size is not None]
+    assert {(s.dtype, s.causal) for s in varlen} == {(d, c) for d in ("bf16", "fp16") for c in (False, True)}
+    lengths = bench.PACKED_LENGTHS
+    assert sum(lengths) == 16384 and all(128 <= n <= 4096 for n in lengths) and len(set(lengths)) == len(lengths)
+    for s in varlen:
+        assert (s.suite, s.lengths, s.H, s.Hkv, s.D, s.H * s.D) == ("packed", lengths, 16, 16, 128, 2048)
+        # B sequences, padded to the longest: the dense peer's shape
+        assert (s.B, s.Nq, s.Nk) == (len(lengths), max(lengths), max(lengths))
+        assert s.contenders == ("kernel", "flex", "dense") and s.features == "varlen"
+        assert s.flops == sum(4 * 16 * n * n * 128 // (2 if s.causal else 1) for n in lengths)
+        assert s.bytes == 2 * 128 * 4 * 16 * 16384   # Q, K, V and O of every token
+    v = next(s for s in varlen if (s.dtype, s.causal) == ("bf16", True))
+    assert v.label() == "packed bf16 B=10 H=16 N=178..4096 (16384 tokens) D=128 causal varlen"
+    assert v.scores == 16 * sum(n * n for n in lengths)
+    assert {s.page_size for s in paged} == {16, 256}
+    caches = bench.PAGED_LENGTHS
+    assert len(caches) == 32 and all(1024 <= n <= 32768 for n in caches)
+    for s in paged:
+        assert (s.dtype, s.B, s.H, s.Hkv, s.Nq, s.Nk, s.D, s.causal) == ("bf16", 32, 32, 8, 1, max(caches), 128,
+                                                                          False)
+        assert s.contenders == ("kernel", "dense") and s.features == f"paged {s.page_size} gqa 4:1"
+        assert s.flops == sum(4 * 32 * 1 * n * 128 for n in caches)
+        # K and V of every cached key read once (Hkv heads), q read and out written (Hq heads, Nq rows), bf16
+        assert s.bytes == sum(caches) * 8 * 128 * 2 * 2 + 2 * 32 * 32 * 1 * 128 * 2
+    # the references: float64 sequence by sequence fits the paged rows (32 heads x 421,760 keys), not the varlen ones
+    # (flex_attention checks them on the GPU)
+    assert all(s.scores <= bench.FLOAT64_MAX_SCORES for s in paged) and v.scores > bench.FLOAT64_MAX_SCORES
+    p = next(s for s in paged if s.page_size == 16)
+    assert p.label() == f"packed bf16 B=32 H=32 Nq=1 Nk=1426..32162 ({sum(caches)} keys) D=128 paged 16 gqa 4:1"
+    assert [s.dtype for s in bench.packed_shapes(quick=True)] == ["bf16"] * 4
+    # one spelling per problem; B, Nq, Nk are the sequences' count and the longest lengths
+    assert bench.varlen_shape("x", "fp32", 2, 16, [5, 0, 17], True) == bench.Shape("x", "fp32", 3, 2, 17, 17, 16, True,
+                                                                                   lengths=(5, 0, 17))
+    with pytest.raises(ValueError, match="longest lengths"):
+        bench.Shape("x", "fp32", 3, 2, 16, 16, 16, False, lengths=(5, 0, 17))
+    with pytest.raises(ValueError, match="longest lengths"):
+        bench.Shape("x", "fp32", 2, 2, 1, 17, 16, False, lengths=(5, 0, 17), page_size=7)
+    with pytest.raises(ValueError, match="no window or softcap"):
+        bench.Shape("x", "fp32", 1, 2, 5, 5, 16, False, lengths=(5,), softcap=1.0)
+    with pytest.raises(ValueError, match="needs the cache lengths"):
+        bench.Shape("x", "fp32", 1, 2, 1, 5, 16, False, page_size=7)
+    with pytest.raises(ValueError, match="page size >= 1"):
+        bench.paged_shape("x", "fp32", 2, 2, 1, 16, (5,), 0)
 
 
 def test_causal_shapes_need_equal_lengths():
@@ -249,7 +307,7 @@ def test_table_summary_and_records_of_feature_rows(tmp_path, capsys):
         _row(gqa, 1.0, {"flash": 2.0, "cudnn": 1.0, "flex": 1.5}),
         _row(cap, 1.0, {"flex": 3.0}),
     ]
-    assert bench.contenders_of(rows) == list(bench.CONTENDERS)
+    assert bench.contenders_of(rows) == [c for c in bench.CONTENDERS if c != "dense"]   # dense: packed rows only
     lines = bench.format_table(rows).splitlines()
     assert lines[1].split()[8:10] == ["features", "kernel"] and "k/flex" in lines[1]
     paper = lines[2].split()
@@ -269,11 +327,57 @@ def test_table_summary_and_records_of_feature_rows(tmp_path, capsys):
     bench.write_csv(tmp_path / "f.csv", {}, columns, records)
     _, got = _read_csv(tmp_path / "f.csv")
     assert (got[0]["flex_status"], got[1]["Hkv"], got[2]["softcap"], got[0]["window_left"]) == ("", "4", "50", "")
-    assert bench.csv_columns(["kernel", "flash"])[-9:-7] == ["flash_note", "kernel/flash"]
+    assert bench.csv_columns(["kernel", "flash"])[-11:-9] == ["flash_note", "kernel/flash"]
     bench.write_json(tmp_path / "f.json", {"meta": {"tool": "flashcheck bench", "options": "--suite features",
                                                      "gpu": "test", "torch": "-", "triton": "-", "date": "-"},
                                             "results": records})
     assert bench.run(_args("--show", str(tmp_path / "f.json"))) == 0
+    assert capsys.readouterr().out.splitlines()[1:len(lines) + 1] == lines
+
+
+def test_table_summary_and_records_of_packed_rows(tmp_path, capsys):
+    """Packed rows: the dense and flex columns, and where a paged row is, the kernel's GB/s and its fraction of the
+    H200's HBM peak, n/a off an H200; lengths and page size go to the records and back (--show)."""
+    assert bench.peak_hbm_gbps("NVIDIA H200") == bench.peak_hbm_gbps("NVIDIA H200 NVL") == 4800.0
+    for other in ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090", "", None):
+        assert bench.peak_hbm_gbps(other) is None, other
+    varlen = next(s for s in bench.packed_shapes() if s.features == "varlen" and s.causal)
+    paged = next(s for s in bench.packed_shapes() if s.page_size == 256)
+    elsewhere = _row(paged, 0.5, {"dense": 1.0})
+    on_h200 = _row(paged, 0.5, {"dense": 1.0})
+    on_h200.peak_gbps = bench.H200_HBM_GBPS
+    rows = [_row(varlen, 2.0, {"flex": 3.0, "dense": 4.0}), on_h200, elsewhere]
+    gbps = paged.bytes / 0.5e-3 / 1e9
+    assert on_h200.gbps("kernel") == pytest.approx(gbps) and on_h200.hbm_fraction() == pytest.approx(gbps / 4800)
+    assert elsewhere.hbm_fraction() is None and rows[0].ratio("dense") == pytest.approx(2.0)
+    assert bench.contenders_of(rows) == ["kernel", "flex", "dense"]
+    lines = bench.format_table(rows).splitlines()
+    assert "packed sequences: summed over the sequences" in lines[0] and lines[1].startswith("GB/s: ")
+    assert lines[2].split()[8:11] == ["features", "kernel", "flex"] and "GB/s  of HBM peak" in lines[2]
+    assert lines[3].split()[8] == "varlen" and lines[3].split()[-7:-5] == [format(varlen.bytes / 2e-3 / 1e9, ".4g"),
+                                                                           "n/a"]   # GB/s of every row, no peak
+    assert lines[4].split()[8:12] == ["paged", "256", "gqa", "4:1"]
+    assert lines[4].split()[-7:-5] == [format(gbps, ".4g"), format(gbps / 4800, ".2f")]
+    assert lines[5].split()[-7:-5] == [format(gbps, ".4g"), "n/a"]   # not an H200
+    v, p = bench.summarize(rows)
+    assert (v["features"], v["kernel/flex"], v["kernel/dense"]) == ("varlen", pytest.approx(1.5), pytest.approx(2.0))
+    assert (p["features"], p["shapes"], p["kernel/dense"]) == ("paged 256 gqa 4:1", 2, pytest.approx(2.0))
+    records = [bench.row_record(r) for r in rows]
+    assert (records[0]["lengths"], records[0]["page_size"]) == (" ".join(map(str, bench.PACKED_LENGTHS)), None)
+    assert "flash_status" not in records[0] and "flex_status" not in records[1] and records[1]["dense_status"] == "ok"
+    assert records[1]["hbm_peak_gbps"] == 4800.0 and records[1]["kernel_hbm_fraction"] == pytest.approx(gbps / 4800)
+    assert records[2]["hbm_peak_gbps"] is None and records[2]["kernel_hbm_fraction"] is None
+    back = [bench.row_from_record(r) for r in records]
+    assert [r.shape for r in back] == [r.shape for r in rows] and [r.peak_gbps for r in back] == [None, 4800.0, None]
+    bench.write_csv(tmp_path / "p.csv", {}, bench.csv_columns(bench.contenders_of(rows)), records)
+    _, got = _read_csv(tmp_path / "p.csv")
+    assert (got[1]["lengths"], got[1]["page_size"], got[1]["Hkv"], got[0]["page_size"]) == \
+        (" ".join(map(str, bench.PAGED_LENGTHS)), "256", "8", "")
+    assert (got[1]["hbm_peak_gbps"], got[2]["kernel_hbm_fraction"], got[0]["flex_status"]) == ("4800", "", "ok")
+    bench.write_json(tmp_path / "p.json", {"meta": {"tool": "flashcheck bench", "options": "--suite packed",
+                                                     "gpu": "test", "torch": "-", "triton": "-", "date": "-"},
+                                            "results": records})
+    assert bench.run(_args("--show", str(tmp_path / "p.json"))) == 0
     assert capsys.readouterr().out.splitlines()[1:len(lines) + 1] == lines
 
 
@@ -322,6 +426,56 @@ def test_peer_calls_compute_the_protocols_function():
         assert bench.judge(bench.Calls(rt, dataclasses.replace(full, **dropped)).kernel()(), ref, "fp32")[0] == \
             "WRONG", dropped
     calls.k, calls.v = calls.k.flip(1), calls.v.flip(1)   # each query head reads the other group's kv head
+    assert bench.judge(calls.kernel()(), ref, "fp32")[0] == "WRONG"
+
+
+@pytest.mark.skipif(backend() == "gpu", reason="CPU only: eager flex_attention and the kernel on CPU tensors (on the "
+                    "GPU, the packed suite checks the kernel against compiled flex_attention and the dense kernel)")
+def test_packed_calls_compute_the_protocols_function():
+    """The packed rows' calls on the CPU: the varlen and paged kernels, flex_attention with the document mask (eager
+    here) and the fused dense kernel run sequence by sequence all agree with the float64 reference computed sequence
+    by sequence; the padded dense peer computes another function (the padding keys are not masked); the paged pool
+    is shuffled, and a kernel that read it in order would be WRONG."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import flex_attention
+
+    rt = bench.Runtime(on_gpu=False, warmup=1, rep=1)
+    assert rt.peak_gbps is None   # not an H200: the fraction of the HBM peak is n/a
+    rt.flex = flex_attention
+    for causal in (True, False):
+        calls = bench.calls_for(rt, bench.varlen_shape("smoke", "fp32", 2, 16, (5, 0, 17, 40), causal))
+        assert isinstance(calls, bench.PackedCalls) and calls.references() == ("float64", "flex")
+        assert calls.cu_seqlens.tolist() == [0, 5, 5, 22, 62] and tuple(calls.q.shape) == (62, 2, 16)
+        ref = calls.float64()()
+        assert ref.dtype == torch.float64 and tuple(ref.shape) == (62, 2, 16)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # eager flex_attention warns that it is not compiled
+            assert bench.judge(calls.flex()(), ref, "fp32")[0] == "ok", causal
+        assert bench.judge(calls.kernel()(), ref, "fp32")[0] == "ok", causal
+        assert bench.judge(calls.dense_per_sequence()(), ref, "fp32")[0] == "ok", causal
+        padded = calls.dense()()   # (B, H, 40, D): the rows of sequence b are its first lengths[b] queries
+        assert tuple(padded.shape) == (4, 2, 40, 16)
+        rows = torch.cat([padded[b, :, :n].transpose(0, 1) for b, n in enumerate((5, 0, 17, 40))])
+        # causal: the padding keys lie after every real query, hidden; not causal, the short sequences see them
+        assert bench.judge(rows, ref, "fp32")[0] == ("ok" if causal else "WRONG"), causal
+    shape = bench.paged_shape("smoke", "fp32", 4, 2, 3, 16, (5, 0, 17, 40), 7)
+    calls = bench.calls_for(rt, shape)
+    assert calls.references() == ("float64", bench.PER_SEQUENCE) and "flex" not in shape.contenders
+    assert [len(p) for p in calls.page_lists] == [1, 0, 3, 6] and tuple(calls.k.shape) == (10, 7, 2, 16)
+    used = sorted(p for pages in calls.page_lists for p in pages)
+    assert used == list(range(10)) and [p for pages in calls.page_lists for p in pages] != used   # shuffled
+    ref = calls.float64()()
+    assert tuple(ref.shape) == (4, 4, 3, 16) and ref[1].abs().max() == 0   # no keys: rows of 0
+    assert bench.judge(calls.kernel()(), ref, "fp32")[0] == "ok"
+    assert bench.judge(calls.dense_per_sequence()(), ref, "fp32")[0] == "ok"
+    assert tuple(calls.dense()().shape) == (4, 4, 3, 16)
+    with pytest.raises(bench.NotApplicable, match="not a peer of the paged rows"):
+        calls.flex_inputs()
+    in_order = torch.zeros_like(calls.block_table)
+    for b, pages in enumerate(calls.page_lists):
+        in_order[b, :len(pages)] = torch.arange(len(pages)) + sum(map(len, calls.page_lists[:b]))
+    calls.block_table = in_order
     assert bench.judge(calls.kernel()(), ref, "fp32")[0] == "WRONG"
 
 
@@ -391,15 +545,18 @@ def test_cpu_without_smoke_exits_2():
 def test_smoke_end_to_end(tmp_path, capsys):
     assert bench.run(_args("--smoke", "--out-dir", str(tmp_path), "--warmup", "1", "--rep", "1")) == 0
     out = capsys.readouterr()
-    assert "k/flash" in out.out and "k/flex" in out.out and "[1/2] smoke fp32" in out.err
-    assert "[2/2] smoke fp32 B=1 H=4 N=64 D=16 causal gqa 2:1 window 24,0 softcap 1" in out.err
-    meta, (row, featured) = _read_csv(tmp_path / "smoke.csv")
+    assert "k/flash" in out.out and "k/flex" in out.out and "k/dense" in out.out and "[1/4] smoke fp32" in out.err
+    assert "[2/4] smoke fp32 B=1 H=4 N=64 D=16 causal gqa 2:1 window 24,0 softcap 1" in out.err
+    assert "[3/4] smoke fp32 B=4 H=2 N=0..40 (62 tokens) D=16 causal varlen" in out.err
+    assert "[4/4] smoke fp32 B=4 H=4 Nq=1 Nk=0..40 (62 keys) D=16 paged 7 gqa 2:1" in out.err
+    meta, (row, featured, varlen, paged) = _read_csv(tmp_path / "smoke.csv")
     assert {"torch", "triton", "date", "timer", "kernel_source"} <= set(meta)
     assert meta["kernel_source"].startswith("fused.py sha256 "), meta["kernel_source"]
     assert ("gpu" in meta) != ("device" in meta)
-    for r in (row, featured):
+    for r in (row, featured, varlen, paged):
         assert (r["kernel_status"], r["check"]) == ("ok", "ok")
         assert float(r["kernel_tflops"]) > 0 and float(r["max_abs_diff"]) <= 1e-3 * float(r["ref_max_abs"])
+    for r in (row, featured):
         assert r["cudnn_status"] == "n/a", r["cudnn_note"]  # cuDNN has no fp32 attention (and no CPU one)
     assert all(row[f"{c}_status"] in ("ok", "n/a", "error") for c in bench.SDPA_PEERS) and row["flex_status"] == ""
     # the features row: no SDPA softcaps; flex_attention computes it on the GPU (and checks it there), and is not
@@ -412,8 +569,24 @@ def test_smoke_end_to_end(tmp_path, capsys):
     assert featured["flex_status"] == ("ok" if on_gpu else "n/a"), featured
     assert featured["flash_note"] == "SDPA has no softcap"
     assert int(featured["flops"]) == 4 * 4 * 16 * sum(min(i, 24) + 1 for i in range(64))
+    # the packed rows: the varlen and paged kernels against the float64 reference, sequence by sequence; the
+    # padded dense kernel timed beside them (flex_attention too for varlen, on the GPU); no SDPA
+    for r in (varlen, paged):
+        assert (r["lengths"], r["ref_backend"], r["dense_status"], r["flash_status"]) == ("5 0 17 40", "float64",
+                                                                                          "ok", ""), r
+    assert (varlen["page_size"], varlen["flex_status"], paged["page_size"], paged["flex_status"]) == \
+        ("", "ok" if on_gpu else "n/a", "7", "")
+    assert int(varlen["flops"]) == sum(4 * 2 * n * n * 16 // 2 for n in (5, 0, 17, 40))
+    assert int(paged["flops"]) == 4 * 4 * 62 * 16 and int(paged["bytes"]) == 4 * 16 * (2 * 4 * 4 + 2 * 2 * 62)
+    # the fraction of the HBM peak: n/a off an H200 (the table), empty in the CSV
+    h200 = "H200" in meta.get("gpu", "")
+    assert (paged["hbm_peak_gbps"] != "", paged["kernel_hbm_fraction"] != "") == (h200, h200), paged
+    header, *body = [re.split(r" {2,}", line.strip()) for line in out.out.splitlines()[2:7]]
+    cells = dict(zip(header, body[3]))
+    assert cells["features"] == "paged 7 gqa 2:1" and float(cells["GB/s"]) > 0
+    assert (cells["of HBM peak"] == "n/a") != h200, cells
     doc = _strict_json(tmp_path / "smoke.json")
-    assert doc["meta"]["torch"] == torch.__version__ and len(doc["results"]) == 2
+    assert doc["meta"]["torch"] == torch.__version__ and len(doc["results"]) == 4
     has_png = (tmp_path / "smoke.png").exists()
     assert has_png == (importlib.util.find_spec("matplotlib") is not None), doc["meta"]["plot"]
     # --show re-prints a saved run's table and summary from its JSON, without measuring anything
@@ -428,8 +601,9 @@ def test_smoke_sweep(tmp_path, capsys):
     assert "best per group" in capsys.readouterr().out
     _, records = _read_csv(tmp_path / "smoke_sweep.csv")
     candidates = bench.sweep_candidates(smoke=True)
-    for shape in bench.smoke_shapes():   # the features shape's candidates run with its features
-        mine = [r for r in records if (r["H"], r["Hkv"]) == (str(shape.H), str(shape.Hkv))]
+    for shape in bench.smoke_shapes():   # the features shape's candidates run with its features, packed ones packed
+        mine = [r for r in records if (r["H"], r["Hkv"], r["Nq"], r["page_size"]) ==
+                (str(shape.H), str(shape.Hkv), str(shape.Nq), str(shape.page_size or ""))]
         assert len(mine) in (len(candidates), len(candidates) + 1)
         assert sum(r["is_default"] == "True" for r in mine) == 1
     bad = [r for r in records if (r["status"], r["check"]) != ("ok", "ok")]
