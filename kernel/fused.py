@@ -128,8 +128,9 @@ def _paged_rows(k_cols, v_cols, table, rows, Nk, page_size, stride_kp, stride_kn
     """The K and V pointer tiles of key rows `rows` of a paged cache: key j is slot j % page_size of page
     table[j // page_size], the page's and the slot's strides apart, whatever the page size (a block may cross pages:
     every row looks up its own). The table is read only for keys < Nk: its entries past the sequence's pages may
-    point anywhere, and its row may end before the block does. guards: mutants paged_table_unmasked,
-    paged_pages_assumed_contiguous, paged_slot_from_block; cases paged_odd_page_size, paged_decode_page_16"""
+    point anywhere, and its row may end before the block does (an unmasked read there changes no output, only
+    `flashcheck sanitize` sees it). guards: mutants paged_pages_assumed_contiguous, paged_slot_from_block; cases
+    paged_odd_page_size, paged_decode_page_16"""
     page = tl.load(table + rows // page_size, mask=rows < Nk, other=0).to(tl.int64)
     slot = (rows % page_size).to(tl.int64)
     return (k_cols + (page * stride_kp + slot * stride_kn)[:, None],
