@@ -377,7 +377,7 @@ def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: Fal
             yield item, work(runners[0], item)
         return
     items = iter(items)
-    lookahead = 4 * len(runners)        # how far past the oldest unfinished item a free runner may look
+    lookahead = 8 * len(runners)        # how far past the oldest unfinished item a free runner may look
     cond = threading.Condition()
     window = collections.deque()        # [seq, item, key, state] not yet yielded, oldest first; state: new/run/done
     results = {}                        # seq -> ("ok", value) or ("raised", exception)
