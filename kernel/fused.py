@@ -821,6 +821,13 @@ def tma_eligible(t):
             and all((st * size) % 16 == 0 for st in t.stride()[:3]))
 
 
+def _check_options(num_warps, num_stages, precision):
+    """The launch overrides and the fp32 precision of a call of any entry point."""
+    check_launch(num_warps, num_stages)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+
+
 def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None, out=None,
               return_lse=False, block_m=None, block_n=None, num_warps=None, num_stages=None, precision="ieee"):
     """Fused FlashAttention-2 forward.
@@ -852,9 +859,7 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, a
     """
     B, H, Nq, Nk, D, scale = check_attention_inputs(q, k, v, causal, scale, out, block_m, block_n)
     features = check_features(q, causal, window, softcap, alibi_slopes)
-    check_launch(num_warps, num_stages)
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    _check_options(num_warps, num_stages, precision)
     if out is None:
         out = torch.empty((B, H, Nq, v.shape[3]), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
@@ -1013,9 +1018,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, 
     batch, most_q, most_k = check_offsets(cu_seqlens_q, cu_seqlens_k, q.shape[0], total_k, q.device,
                                           max_seqlen_q, max_seqlen_k)
     features = check_features(q4, causal, window, softcap, alibi_slopes, batch=batch)
-    check_launch(num_warps, num_stages)
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    _check_options(num_warps, num_stages, precision)
     if out is None:
         out = torch.empty((total_q, H, v.shape[2]), dtype=q.dtype, device=q.device)
     lse = torch.empty((H, total_q), dtype=torch.float32, device=q.device)
@@ -1063,9 +1066,7 @@ def attention_paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=F
     page_size = k_cache.shape[1]
     most_k = check_pages(block_table, cache_seqlens, B, k_cache.shape[0], page_size, q.device)
     features = check_features(q, causal, window, softcap, alibi_slopes)
-    check_launch(num_warps, num_stages)
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    _check_options(num_warps, num_stages, precision)
     if out is None:
         out = torch.empty((B, H, Nq, v_cache.shape[3]), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)

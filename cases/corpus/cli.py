@@ -118,7 +118,7 @@ def _matrix(args):
     else:
         outcomes = []
         for i, (m, cases) in enumerate(tasks):
-            outcomes.append(mutants.kill(m, cases, isolate=None if m.strays else False))
+            outcomes.append(mutants.kill(m, cases, isolate=False))
             on_done(i, m, outcomes[-1])
     seconds = time.perf_counter() - t0
 

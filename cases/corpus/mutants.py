@@ -168,8 +168,8 @@ def kill(mutant, cases=None, *, isolate=None, timeout=None):
     a device fault or a crash there is a kill of this mutant and leaves this process intact."""
     cases = _cases(mutant, cases)
     if isolate is None:
-        isolate = backend() == "gpu" or bool(mutant.strays)
-    if isolate:
+        isolate = backend() == "gpu"
+    if isolate or mutant.strays:     # strays would corrupt this process: never judged in it
         return judge_isolated([(mutant, cases)], timeout=timeout)[0]
     attention = kernel(mutant)
     return [(c, judge_in_worker(attention, c, target(mutant))) for c in cases]

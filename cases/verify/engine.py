@@ -379,22 +379,22 @@ def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: Fal
     items = iter(items)
     lookahead = 8 * len(runners)        # how far past the oldest unfinished item a free runner may look
     cond = threading.Condition()
-    window = collections.deque()        # [seq, item, key, state] not yet yielded, oldest first; state: new/run/done
-    results = {}                        # seq -> ("ok", value) or ("raised", exception)
+    # [item, key, state, outcome] not yet yielded, oldest first; state new/run/done, outcome ("ok", value) or
+    # ("raised", exception) once done
+    window = collections.deque()
     met = {r: set() for r in runners}   # the keys each runner has judged
-    owned = set()                       # the keys some runner has met
     closing = [False]
 
     def pick(runner):
         fresh = first = None
         for entry in window:
-            if entry[3] != "new":
+            if entry[2] != "new":
                 continue
-            if entry[2] is not None and entry[2] in met[runner]:
+            if entry[1] is not None and entry[1] in met[runner]:
                 return entry
             if first is None:
                 first = entry
-            if fresh is None and (entry[2] is None or entry[2] not in owned):
+            if fresh is None and not any(entry[1] in keys for keys in met.values()):
                 fresh = entry
         return fresh or first
 
@@ -406,29 +406,27 @@ def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: Fal
                     cond.wait()
                 if closing[0]:
                     return
-                entry[3] = "run"
-                if entry[2] is not None:
-                    met[runner].add(entry[2])
-                    owned.add(entry[2])
+                entry[2] = "run"
+                if entry[1] is not None:
+                    met[runner].add(entry[1])
             try:
-                outcome = ("ok", work(runner, entry[1]))
+                outcome = ("ok", work(runner, entry[0]))
             except BaseException as exc:     # handed to the caller with its item
                 outcome = ("raised", exc)
             with cond:
-                results[entry[0]] = outcome
-                entry[3] = "done"
+                entry[2:] = ["done", outcome]
                 cond.notify_all()
 
     threads = [threading.Thread(target=serve, args=(r,), daemon=True, name="flashcheck-job") for r in runners]
     for t in threads:
         t.start()
-    seq, ended, exhausted, waiting_heavy = 0, False, False, None
+    ended, exhausted, waiting_heavy = False, False, None
 
     def take(entry):
-        kind, value = results.pop(entry[0])
+        kind, value = entry[3]
         if kind == "raised":
             raise value
-        return entry[1], value
+        return entry[0], value
 
     try:
         while not stopped():
@@ -443,13 +441,12 @@ def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: Fal
                     if heavy(item):
                         waiting_heavy = item
                         break
-                    window.append([seq, item, key(item), "new"])
-                    seq += 1
+                    window.append([item, key(item), "new", None])
                     cond.notify_all()
                 if window:
-                    while window[0][3] != "done" and not stopped():
+                    while window[0][2] != "done" and not stopped():
                         cond.wait(0.1)
-                    if window[0][3] != "done":
+                    if window[0][2] != "done":
                         break
                     entry = window.popleft()
                 else:
