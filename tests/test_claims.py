@@ -86,6 +86,17 @@ def test_volatile_parts_are_masked():
     assert cc.clean("x\n[3/9] case (10 s, 0 failed so far)\ny  \n\n") == ["x", "y"]
 
 
+def test_a_passing_cases_rounding_is_masked_and_a_verdict_is_not():
+    """A passing case's err/tol differs from one CPU's BLAS to another's (0.1 and 0.073 for the same case); the
+    verdict, and a failing case's err/tol, still count."""
+    here = ["causal_square[fp32]            PASS     0.1      -"]
+    there = ["causal_square[fp32]            PASS     0.073    -"]
+    assert cc.normalise(here) == cc.normalise(there)
+    assert cc.normalise(here, strict=True) != cc.normalise(there, strict=True)
+    assert cc.normalise(here) != cc.normalise(["causal_square[fp32]            FAIL     0.1      -"])
+    assert cc.normalise(["x[fp16]  FAIL     1.9e+02  mismatch"]) != cc.normalise(["x[fp16]  FAIL     1.6e+02  mismatch"])
+
+
 def test_excerpts():
     claim = cc.Claim(Path("x.md"), 1, "cmd", 0)
     lines = [f"line {i}" for i in range(6)]
