@@ -20,6 +20,16 @@ from flashcheck.cases.backend import select_backend  # noqa: E402
 
 BACKEND = select_backend()
 
+# On the GPU one compile cache serves the whole session: this process's own kernels, the mutants' workers and the
+# workers of every verify the tests start (which use flashcheck's directory, cases/runner/cache.py). Left to
+# Triton's default here, each kernel specialisation the tests share with a verify run compiled twice. Set before
+# Triton is imported; a TRITON_CACHE_DIR of the user's own stands.
+if BACKEND == "gpu":
+    from flashcheck.cases.runner.cache import default_dir  # noqa: E402
+
+    for _var, _sub in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
+        os.environ.setdefault(_var, os.path.join(default_dir(), _sub))
+
 import pytest  # noqa: E402
 
 # tests/fault_demo faults the GPU on purpose; tests/test_gpu_runner.py runs it in a pytest of its own
@@ -42,7 +52,20 @@ def device():
     return "cuda" if BACKEND == "gpu" else "cpu"
 
 
+# Modules whose tests each take long (a verify run, a mutant's worker, a bench) go first and the many short tests
+# after them: under pytest-xdist a long test handed out near the end keeps one worker busy while the others are done
+# (on an H200 the fp32 precision shards, the last in the alphabet, ended the run alone). Collection order otherwise.
+_LONG_FIRST = ("test_precision", "test_verify_real", "test_verify", "test_plugin", "test_packed", "test_properties",
+               "test_features", "test_bench", "test_gpu_runner", "test_tolerance", "test_mutants")
+
+
+def _start_rank(item):
+    module = item.nodeid.partition("::")[0].rpartition("/")[2].removesuffix(".py")
+    return _LONG_FIRST.index(module) if module in _LONG_FIRST else len(_LONG_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_start_rank)      # stable: the order within a module stays
     opt_in = pytest.mark.skip(reason="opt-in: select it with -m sanitizer (runs compute-sanitizer, slow)")
     gpu_only = pytest.mark.skip(reason="GPU only: needs the compiled backend (running on Triton's CPU interpreter)")
     for item in items:

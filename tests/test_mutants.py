@@ -208,6 +208,23 @@ def test_a_crash_is_a_crash_of_that_case_only():
     assert [(c.name, v.kind) for c, v in second] == [("custom_scale[fp32]", "mismatch")]
 
 
+def test_a_server_serves_the_next_mutant_after_a_crash_with_a_clean_log():
+    """judge_isolated keeps its worker's server for the next call in this process (each mutant still gets a child
+    of its own); a crash in one mutant's child neither stops the next mutant nor lends it the crash's last words."""
+    crasher = _injected("probe_crash_then", "import sys, os, signal; print('illegal memory access', file=sys.stderr); "
+                                            "sys.stderr.flush(); os.kill(os.getpid(), signal.SIGSEGV)")
+    [(_, crashed)] = mutants.kill(crasher, ["one_key"], isolate=True)
+    assert crashed.kind == "device fault", crashed.report()      # its last words name a device fault
+    kept = list(mutants._SPARE)
+    assert len(kept) == 1 and kept[0].proc is not None
+    crasher2 = _injected("probe_crash_quiet", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    [(_, again)] = mutants.kill(crasher2, ["one_key"], isolate=True)
+    assert mutants._SPARE == kept     # the same server
+    assert again.kind == "crash" and "illegal memory access" not in again.failures[0].message, again.report()
+    [(_, judged)] = mutants.kill(mutants.get("scale_never"), ["custom_scale"], isolate=True)
+    assert judged.kind == "mismatch" and mutants._SPARE == kept, judged.report()
+
+
 def test_a_hang_is_a_timeout():
     sleeper = _injected("probe_hang", "import time; time.sleep(120)")
     [(case, verdict)] = mutants.kill(sleeper, ["one_key"], isolate=True, timeout=10)

@@ -210,6 +210,38 @@ def _judge_task(worker, mutant, cases, stop_at_first, timeout, on_verdict):
     return results
 
 
+# Servers of judge_isolated's workers kept between calls in this process (the test suite calls it once per mutant):
+# each mutant still runs in a child forked for it alone, but not every mutant pays for a new interpreter importing
+# torch and Triton (on an H200 host under the suite's load, seconds of each of the corpus's 100-odd tests). A mutant
+# with strays never uses one (judge_isolated).
+_SPARE, _SPARE_LOCK = [], threading.Lock()
+
+
+def _spare_worker(timeout):
+    with _SPARE_LOCK:
+        worker = _SPARE.pop() if _SPARE else None
+    if worker is None:
+        return Worker(timeout, compile_timeout=timeout)
+    worker.timeout = worker.compile_timeout = timeout
+    return worker
+
+
+def _park(worker):
+    if worker.park():
+        with _SPARE_LOCK:
+            _SPARE.append(worker)
+    else:
+        worker.close()
+
+
+@atexit.register
+def _close_spares():
+    with _SPARE_LOCK:
+        spares, _SPARE[:] = list(_SPARE), []
+    for worker in spares:
+        worker.close()
+
+
 def judge_isolated(tasks, jobs=1, stop_at_first=False, timeout=None, on_done=None, on_verdict=None):
     """Judge [(mutant, cases)] in `jobs` workers (cases/runner/worker.py), each mutant in a child of its own.
     Returns the [(case, Verdict)] lists in the order of the tasks; on_done(index, mutant, results) is called
@@ -222,23 +254,30 @@ def judge_isolated(tasks, jobs=1, stop_at_first=False, timeout=None, on_done=Non
 
     def slot():
         # the corpus's kernels are the project's own: their first call compiles within the same generous limit
-        worker = Worker(timeout or DEFAULT_TIMEOUT, compile_timeout=timeout or DEFAULT_TIMEOUT)
+        worker = _spare_worker(timeout or DEFAULT_TIMEOUT)
         try:
             while not errors:
                 try:
                     i, (mutant, cases) = pending.get_nowait()
                 except queue.Empty:
                     return
+                # a mutant whose stores stray past its tensors corrupts whatever lies there: what it hits (a crash,
+                # or nothing the oracle sees) depends on its process's heap, so it always runs in a new server, whose
+                # children fork from the same state every time (a served one's heap depends on the mutants before)
+                own = Worker(worker.timeout, compile_timeout=worker.timeout) if mutant.strays else None
                 try:
-                    out[i] = _judge_task(worker, mutant, cases, stop_at_first, timeout, on_verdict)
+                    out[i] = _judge_task(own or worker, mutant, cases, stop_at_first, timeout, on_verdict)
                 except TargetError as exc:
                     raise RuntimeError(str(exc)) from None
+                finally:
+                    if own is not None:
+                        own.close()
                 if on_done is not None:
                     on_done(i, mutant, out[i])
         except BaseException as exc:  # noqa: BLE001  (re-raised in the caller's thread)
             errors.append(exc)
         finally:
-            worker.close()
+            _park(worker)
 
     threads = [threading.Thread(target=slot, daemon=True) for _ in range(max(1, min(jobs, len(tasks))))]
     for t in threads:

@@ -89,6 +89,7 @@ class Worker:
         self.spec = None          # the target the current (or next) child serves
         self.child_open = False
         self.info = None
+        self.log_from = 0         # where the current target's part of the log starts (park)
 
     # ---- the caller's side ----
     def open(self, spec):
@@ -166,6 +167,21 @@ class Worker:
                 pass
             self.kill()
 
+    def park(self):
+        """Close the child and keep the server for another target (the server never touches CUDA, so a child
+        forked for the next target starts as clean as from a new one, and warm); a death's log tail then shows
+        only the next target's lines. Returns whether the server is alive to be reused (else it is gone)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.kill()
+            return False
+        if self.child_open:
+            self._close_child()
+        if self.proc is None:
+            return False
+        self.log.seek(0, os.SEEK_END)
+        self.log_from = self.log.tell()
+        return True
+
     def kill(self):
         """Kill the server and its child (their process group) and forget them."""
         if self.proc is not None:
@@ -184,7 +200,7 @@ class Worker:
         self.child_open = False
 
     def _start(self):
-        self.log = tempfile.TemporaryFile()
+        self.log, self.log_from = tempfile.TemporaryFile(), 0
         env = dict(os.environ, **self.env)
         self.proc = subprocess.Popen(
             self.wrap + python_command("from flashcheck.cases.runner.worker import serve; serve()"),
@@ -221,7 +237,7 @@ class Worker:
         if self.log is None:
             return ""
         self.log.seek(0, os.SEEK_END)
-        self.log.seek(max(0, self.log.tell() - n))
+        self.log.seek(max(self.log_from, self.log.tell() - n))
         return self.log.read().decode(errors="replace")
 
     def _send(self, message):
