@@ -149,6 +149,10 @@ FIELDS = (
           "the calling protocol: dense, varlen (q, k, v, cu_seqlens_q, cu_seqlens_k: packed sequences) or paged "
           "(q, k_cache, v_cache, block_table, cache_seqlens); auto (the default) reads it off the signature's names",
           "auto|dense|varlen|paged"),
+    Field("backward", "--backward", _choice("backward", SUPPORT), "auto",
+          "the backward (q, k and v's gradients through autograd): yes (judged on every case; an output without an "
+          "autograd graph fails), no (not judged), or auto (the default: judged when the kernel's output carries "
+          "autograd, which one small call tells)", "auto|yes|no"),
     Field("empty_lse", "--empty-lse", _choice("empty_lse", EMPTY_LSE), "-inf",
           "the log-sum-exp of a row that sees no key: -inf (the protocol; on a command line --empty-lse=-inf, "
           "since a bare -inf reads as an option) or +inf (FlashAttention's kernels)", "-inf|+inf"),
@@ -175,6 +179,7 @@ class Declarations:
     head_map: str = "grouped"
     empty_lse: str = "-inf"
     protocol: str = "auto"
+    backward: str = "auto"
     given: tuple = field(default=(), compare=False)   # the names declared (not left at their default)
 
     @classmethod

@@ -226,7 +226,7 @@ class _State:
         from flashcheck.cases.backend import backend  # lazy: see the module docstring
         from flashcheck.cases.runner.worker import InProcess  # lazy: see the module docstring
         from flashcheck.cases.verify import engine  # lazy: see the module docstring
-        from flashcheck.cases.verify.judging import Settings  # lazy: see the module docstring
+        from flashcheck.cases.verify.judging import Settings, judges_backward  # lazy: see the module docstring
 
         req = self.request
         self.backend = backend()
@@ -238,7 +238,8 @@ class _State:
         # the probed features and the protocol, as verify finds them
         self.info, selected = engine.prepare(req, self.runner, self.info, self.decl, self.backend, selected,
                                              req.examples or 0)
-        self.settings = Settings(target=req.target, decl=self.decl, properties=req.properties, repeat=req.repeat)
+        self.settings = Settings(target=req.target, decl=self.decl, properties=req.properties, repeat=req.repeat,
+                                 backward=judges_backward(self.info))
         return engine.plan(selected, instance_names, excluded, self.decl, self.info, self.backend, req.max_memory)
 
     def judge(self, case):

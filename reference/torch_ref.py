@@ -73,6 +73,59 @@ def softmax_parts(q, k, v, causal=False, scale=None, align="bottom-right", probl
     return Softmax(s, seen, p, lse, out)
 
 
+def backward(q, k, v, dout, problem, magnitudes=False, weight=None):
+    """The gradients (dq, dk, dv) of out = attention(q, k, v) under `problem` for an output gradient dout, computed in
+    the tensors' own dtype (float64: the definition; a half precision: what a plain framework user's autograd
+    would give, scores and softmax in that dtype). q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv), dout
+    (B, Hq, Nq, Dv). With P the softmax, O the output and t the transformed scores:
+
+        dV = P^T dO   (summed over the query heads that read a kv head, as dK)
+        dP = dO V^T,  dt = P * (dP - rowsum(dO * O))   (a row that sees no key: P = 0, so every gradient is 0)
+        ds = dt * (1 - tanh(s / c)^2) with softcap c (ALiBi's bias and the masks have no gradient)
+        dQ = scale * ds K,  dK = scale * ds^T Q
+
+    magnitudes=True also returns, for each gradient, the same sums over absolute values (|P| |dO|, ...): what one
+    rounding per product and sum scales with, for the tolerance's floor; weight (B, Hq, Nq, 1), if given, multiplies
+    P there (a relative error of each row's probabilities). Rows that see no key are 0, not NaN."""
+    pb = problem
+    kx, vx = expand_kv(k, pb), expand_kv(v, pb)
+    seen = torch.as_tensor(pb.visible(), device=q.device)
+    s = torch.matmul(q, kx.transpose(-1, -2)) * pb.scale
+    t = torch.where(seen, transform(s, pb), float("-inf"))
+    m = t.amax(-1, keepdim=True) if t.shape[-1] else torch.full(t.shape[:-1] + (1,), float("-inf"), dtype=t.dtype,
+                                                                 device=t.device)
+    m = torch.where(torch.isneginf(m), 0.0, m)
+    e = torch.exp(t - m)
+    l = e.sum(-1, keepdim=True)
+    p = e / torch.where(l == 0, 1.0, l)
+    out = torch.matmul(p, vx)
+    dvx = torch.matmul(p.transpose(-1, -2), dout)
+    dp = torch.matmul(dout, vx.transpose(-1, -2))
+    di = (dout * out).sum(-1, keepdim=True)
+    cap = 1.0 if pb.softcap is None else 1 - torch.tanh(s / pb.softcap) ** 2
+    ds = p * (dp - di) * cap
+    dqx = torch.matmul(ds, kx) * pb.scale
+    dkx = torch.matmul(ds.transpose(-1, -2), q) * pb.scale
+    grads = (dqx, _sum_heads(dkx, k, pb), _sum_heads(dvx, v, pb))
+    if not magnitudes:
+        return grads
+    pw = p if weight is None else p * weight
+    a_dp = torch.matmul(dout.abs(), vx.abs().transpose(-1, -2))
+    a_ds = pw * (a_dp + di.abs()) * (cap.abs() if torch.is_tensor(cap) else cap)
+    mags = (torch.matmul(a_ds, kx.abs()) * abs(pb.scale),
+            _sum_heads(torch.matmul(a_ds.transpose(-1, -2), q.abs()) * abs(pb.scale), k, pb),
+            _sum_heads(torch.matmul(pw.transpose(-1, -2), dout.abs()), v, pb))
+    return grads, mags
+
+
+def _sum_heads(gx, like, problem):
+    """A gradient per query head (B, Hq, N, X) summed onto the kv heads the query heads read (B, Hkv, N, X)."""
+    if problem.Hkv == problem.Hq and problem.head_map == "grouped":
+        return gx
+    out = torch.zeros(like.shape[:1] + (problem.Hkv,) + gx.shape[2:], dtype=gx.dtype, device=gx.device)
+    return out.index_add_(1, torch.as_tensor(problem.kv_heads(), device=gx.device), gx)
+
+
 def visible_range(v, problem, chunk=1 << 22):
     """(lo, hi, sees) over the keys each query row sees: lo and hi (B, Hq, Nq, Dv) the min and max of each column
     of v (B, Hq, Nk, Dv, already expanded to the query heads) over those keys, sees (Nq,) bool whether the row sees

@@ -27,6 +27,7 @@ class Kind(str, enum.Enum):
     MEMCHECK = ("memcheck", "K", "compute-sanitizer memcheck reported an error (--sanitize)")
     MEMORY = ("memory complexity", "Y", "extra memory grows like Nq x Nk in a kernel declared --fused")
     LEAK = ("leak", "S", "a sequence's output changed when another sequence's inputs did (varlen, paged)")
+    GRADIENT = ("gradient", "G", "a gradient of the backward (autograd) is off, missing or not of its input's shape")
 
     def __new__(cls, value, code, meaning):
         obj = str.__new__(cls, value)

@@ -197,6 +197,9 @@ def capabilities_line(run):
         else:
             shown.append(f"{f.label} {has}" + (f" ({note})" if note else ""))
     line += "; features: " + ", ".join(shown)
+    note = (c.notes or {}).get("backward")
+    if note is not None:
+        line += f"; backward {'yes' if 'backward' in c.features else 'no'} ({note})"
     if run.declared:
         line += "; declared: " + " ".join(run.declared)
     return line

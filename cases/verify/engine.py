@@ -26,7 +26,7 @@ from flashcheck.cases.runner.cache import Cache
 from flashcheck.cases.runner.target import split_target
 from flashcheck.cases.runner.worker import Died, Hung, InProcess, Raised, Worker
 from flashcheck.cases.verify import generated, shard
-from flashcheck.cases.verify.judging import MEMORY_CASE, Settings, memory_case
+from flashcheck.cases.verify.judging import MEMORY_CASE, Settings, judges_backward, memory_case
 
 DEFAULT_TARGET = "flashcheck.kernel.fused:attention"
 DEFAULT_TIMEOUT = {"cpu": 120.0, "gpu": 60.0}   # seconds per case; the interpreter is much slower
@@ -304,7 +304,36 @@ def support(runner, info, decl, backend, needed):
         if ok:
             have.add(name)
         notes[name] = why or "probed"
+    _support_backward(runner, info, decl, backend, caps, have, notes)
     return replace(caps, features=frozenset(have), notes=notes)
+
+
+BACKWARD_PROBE = "flashcheck.cases.verify.judging:probe_backward"
+
+
+def _support_backward(runner, info, decl, backend, caps, have, notes):
+    """Whether the gradients are judged (cases/oracle/backward.py): --backward yes|no, or for a dense kernel whose
+    output carries autograd on one small call (auto). Adds "backward" to `have` and its note to `notes`."""
+    if decl.backward != "auto":
+        if decl.backward == "yes":
+            have.add("backward")
+        notes["backward"] = f"--backward {decl.backward}"
+        return
+    if caps.protocol != protocols.DENSE:
+        notes["backward"] = f"not judged for a {caps.protocol} kernel"
+        return
+    dtype = features.probe_dtype(decl, backend, info.get("triton"))
+    if dtype is None:
+        notes["backward"] = "not probed: no dtype this backend can judge for the kernel; --backward yes judges it"
+        return
+    try:
+        ok, why = runner.call(BACKWARD_PROBE, dtype, Conventions.of(decl))
+    except (Hung, Died, Raised) as exc:
+        how = {Hung: "hung", Died: "the worker died"}.get(type(exc), "raised")
+        ok, why = False, f"probed, {how}: {str(exc).splitlines()[0][:200]}; --backward yes judges it anyway"
+    if ok:
+        have.add("backward")
+    notes["backward"] = why
 
 
 def prepare(req, runner, info, decl, backend, selected, examples):
@@ -559,7 +588,7 @@ def run(req, on_result=None):
                              "are outside 1..256, the range of flashcheck's catalogue and generated cases")
         name = _name(req.target)
         settings = Settings(target=name, decl=decl, properties=req.properties, repeat=req.repeat,
-                            maps=bool(req.html), plain=req.sanitize)
+                            maps=bool(req.html), plain=req.sanitize, backward=judges_backward(info))
         the_run = report.Run(name, info["describe"], info["caps"], declared=decl.flags(), shard=the_shard)
         planned = plan(selected, instance_names, excluded, decl, info, backend, req.max_memory)
         every = len(planned)            # the generated cases' places in the plan come after every planned one

@@ -18,7 +18,7 @@ from flashcheck.cases.case import Case
 from flashcheck.cases.declarations import Declarations
 from flashcheck.cases.generate import properties
 from flashcheck.cases.generate.strategies import _fit
-from flashcheck.cases.oracle import Failure, Kind, diagnose
+from flashcheck.cases.oracle import Failure, Kind, backward, diagnose
 from flashcheck.cases.verify import packed
 
 
@@ -31,6 +31,7 @@ class Settings:
     repeat: int = 1              # calls on the same inputs that must agree bitwise
     maps: bool = False           # error maps of failing cases (the HTML report)
     plain: bool = False          # also one call on plain, exact-size tensors (--sanitize: memcheck sees it)
+    backward: bool = False       # the gradients through autograd too (cases/oracle/backward.py)
 
 
 BIG = 2 ** 27      # B*H*Nq*Nk*D past which a case is judged by the oracle's layers alone (seconds of float64)
@@ -72,6 +73,8 @@ def _judge(kernel, case, settings, kept=None):
             _properties(kernel, case, settings, conventions, verdict, kept, base)
         if not verdict.failed and settings.repeat > 1:
             _repeat(kernel, case, caps, settings.repeat, verdict)
+        if not verdict.failed and settings.backward:
+            _backward(kernel, case, caps, conventions, verdict, kept)
         if not verdict.failed and settings.plain:
             _plain_call(kernel, case, caps)
     if verdict.failed and settings.maps:
@@ -109,6 +112,39 @@ def _without_out(kernel, case, caps, kept, verdict):
         verdict.fail(fail)
         return None
     return properties.Run(out, lse)
+
+
+def judges_backward(info):
+    """Whether a run judges the gradients (Settings.backward): the kernel has a backward (declared, or its output
+    carries autograd: engine.support) and is dense (a packed kernel's backward is not judged yet)."""
+    caps = info["caps"]
+    return "backward" in caps.features and caps.protocol == protocols.DENSE
+
+
+def _backward(kernel, case, caps, conventions, verdict, kept):
+    """The backward layer (cases/oracle/backward.py) on a case whose forward held. Not on cases too large for the
+    float64 gradients (BIG, like the properties), sampled heads, NaN inputs or a case with no gradient to judge."""
+    if case.sample_heads or big(case) or case.data == "nan_input" or "qkv" not in kept:
+        return
+    fail = backward.judge(kernel, case, caps, kept["qkv"], device(), conventions,
+                          oracle.protocol_kwargs(case, caps, device()))
+    if fail is not None:
+        verdict.fail(fail)
+
+
+def probe_backward(kernel, dtype, conventions):
+    """(has a backward, why) for a dense kernel: one small call with q, k and v that require grad; its output must
+    carry an autograd graph. A kernel that raises on such inputs has none (a Triton forward-only kernel returns a
+    plain tensor)."""
+    case = Case("probe_backward", H=2, Nq=8, Nk=8, D=16, dtype=dtype, seed=1)
+    q, k, v = backward.leaves(case, inp.values(case), device())
+    try:
+        result = kernel(q, k, v)
+    except Exception as exc:  # noqa: BLE001
+        return False, f"probed, raised with inputs that require grad: {str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}"
+    if backward.differentiable(result):
+        return True, "probed: its output carries autograd"
+    return False, "probed: its output carries no autograd graph"
 
 
 def _properties(kernel, case, settings, conventions, verdict, kept, base):

@@ -1,0 +1,123 @@
+"""The backward layer: for a kernel whose output carries autograd (the protocol's "differentiable in q, k, v"),
+the gradients of one case against their float64 definition (reference/torch_ref.py backward).
+
+The kernel is called again without out= on the case's guarded inputs made leaves that require grad (their
+strides kept), and autograd is asked for (dq, dk, dv) under an output gradient dO drawn from the case's seed.
+Each gradient must have its input's shape, dtype and device, be finite where the definition is, and stay within
+
+    |g - g64| <= F x max |g_base - g64| + |g|w        (each element)
+
+g64 the float64 definition on the same rounded inputs and dO; g_base the same formulas computed in the case's dtype
+(scores and softmax in that dtype, as a plain framework user's autograd would give; full fp32 for fp32), whose
+largest error is what FlashAttention's own tests hold their backward to (at most twice it; F leaves room for a
+kernel that orders its sums differently); |g|w the definition's sums over absolute values with each row's
+probabilities weighted by the relative error a correct kernel may give them:
+
+    w_i = FLOOR eps (sqrt(max(Nq, Nk)) + sqrt(max(D, Dv))) + 4 kappa_i,   kappa_i = eps (sqrt(D) + 2) max_j |s|_ij
+
+(eps of the case's dtype; |s|_ij = |scale| sum_d |q_id| |k_jd|, the bound of a score's size, so kappa_i is how far
+rounding may move row i's scores, which the softmax turns into a relative error of its probabilities: on large
+scores a correct fp32 kernel's gradients moved 1e-3 where the baseline's moved 1e-7). The floor keeps a case whose
+baseline happens to be exact (one key: P = 1) from demanding exactness, and long rows and cancelling sums from
+failing a correct order of summation. Every bug class seen in public backward
+kernels (a scale dropped, the rowsum(dO * O) term missing or taken from the wrong rows, dK and dV of a GQA group
+not summed, a softcap's derivative left out, the gradients of keys no query sees left unwritten) moves some
+gradient by a large part of its magnitude. Keys that no query sees and queries that see no key have gradient 0:
+the floor there is 0, so they must be exactly 0.
+"""
+import torch
+
+from flashcheck.cases import features
+from flashcheck.cases import inputs as inp
+from flashcheck.cases.oracle.kinds import Kind, classify_exception
+from flashcheck.cases.oracle.verdict import Failure
+from flashcheck.reference import torch_ref
+
+F = 4.0           # times the same-precision baseline's largest error
+FLOOR = 4.0       # rounding steps per product and sum, times sqrt of the summed lengths
+NAMES = ("dq", "dk", "dv")
+
+
+def differentiable(result):
+    """Whether a kernel's returned output carries an autograd graph (the inputs required grad)."""
+    out = result[0] if isinstance(result, (tuple, list)) else result
+    return isinstance(out, torch.Tensor) and out.requires_grad and out.grad_fn is not None
+
+
+def output_gradient(case, device):
+    """dO of a case: standard normal values from the case's seed, rounded to its dtype."""
+    g = torch.Generator().manual_seed(case.seed * 7919 + 17)
+    shape = (case.B, case.H, case.Nq, case.v_dim)
+    return torch.randn(shape, generator=g, dtype=torch.float32).to(case.torch_dtype).to(device)
+
+
+def leaves(case, qkv, device):
+    """q, k, v as the case lays them out (guarded views, strides kept), each a leaf that requires grad."""
+    g = inp.make_inputs(case, device, qkv=qkv)
+    return tuple(getattr(g, n).t.detach().requires_grad_(True) for n in ("q", "k", "v"))
+
+
+def judge(kernel, case, caps, qkv, device, conventions, kwargs):
+    """None when the gradients hold, else a Failure (kind GRADIENT, or the kind of what the call raised or returned).
+    kwargs: the keywords the forward call of this case passes (protocol_kwargs)."""
+    q, k, v = leaves(case, qkv, device)
+    dout = output_gradient(case, device)
+    try:
+        result = kernel(q, k, v, **kwargs)
+        result = result[0] if isinstance(result, (tuple, list)) else result
+        if not differentiable(result):
+            return Failure(Kind.GRADIENT, "backward: the output of this case carries no autograd graph (called with q, "
+                                          "k and v that require grad), though the kernel's output does elsewhere: "
+                                          "a caller's backward would raise")
+        got = torch.autograd.grad(result, (q, k, v), dout, allow_unused=True)
+    except Exception as exc:  # noqa: BLE001  (a kernel's backward can raise anything)
+        kind, text = classify_exception(exc)
+        if kind == Kind.EXCEPTION:
+            kind = Kind.GRADIENT
+        return Failure(kind, f"backward raised: {text.splitlines()[0][:400]}")
+    for name, g, x in zip(NAMES, got, (q, k, v)):
+        if g is None:
+            return Failure(Kind.GRADIENT, f"backward: no gradient for {name[1:]} (autograd found no path from the "
+                                          f"output to it)")
+        if g.shape != x.shape or g.dtype != x.dtype or g.device != x.device:
+            return Failure(Kind.GRADIENT, f"backward: {name} is {tuple(g.shape)} {g.dtype} on {g.device}, expected "
+                                          f"{tuple(x.shape)} {x.dtype} on {x.device}")
+    pb = features.problem(case, conventions.causal_align, conventions.head_map)
+    exact = [t.detach().to(torch.float64) for t in (q, k, v)]
+    want, floors = torch_ref.backward(*exact, dout.to(torch.float64), pb, magnitudes=True,
+                                      weight=_row_weights(case, pb, *exact[:2]))
+    with torch_ref.no_tf32():
+        base = torch_ref.backward(*(t.detach() for t in (q, k, v)), dout, pb)
+    for name, g, w, b, floor in zip(NAMES, got, want, base, floors):
+        g = g.detach().to(torch.float64)
+        finite = torch.isfinite(w)
+        bad = finite & ~torch.isfinite(g)
+        if bool(bad.any()):
+            return _failure(name, "non-finite gradient element(s) where the definition is finite", bad, g, w, None)
+        err = torch.where(finite, (g - w).abs(), 0.0)
+        base_err = float(torch.where(finite, (b.to(torch.float64) - w).abs(), 0.0).max()) if w.numel() else 0.0
+        bound = F * base_err + floor
+        over = err > bound
+        if bool(over.any()):
+            return _failure(name, f"|err| up to {float(err.max()):.3g}, over {F:g} x the {case.dtype} baseline's largest "
+                                  f"error {base_err:.3g} plus the rounding floor", over, g, w, bound)
+    return None
+
+
+def _row_weights(case, pb, q, k):
+    """w_i of the module docstring, (B, Hq, Nq, 1) float64."""
+    eps = torch.finfo(case.torch_dtype).eps
+    kx = torch_ref.expand_kv(k, pb)
+    s_abs = torch.matmul(q.abs(), kx.abs().transpose(-1, -2)) * abs(pb.scale)
+    seen = torch.as_tensor(pb.visible(), device=q.device)
+    kappa = torch.where(seen, s_abs, 0.0).amax(-1, keepdim=True) if pb.Nk else s_abs.sum(-1, keepdim=True)
+    steps = FLOOR * eps * (max(pb.Nq, pb.Nk) ** 0.5 + max(pb.D, pb.Dv) ** 0.5)
+    return steps + 4 * eps * (pb.D ** 0.5 + 2) * kappa
+
+
+def _failure(name, text, bad, got, want, bound):
+    where = tuple(int(x) for x in torch.nonzero(bad)[0])
+    n = int(bad.sum())
+    tol = None if bound is None else float(bound[where])
+    return Failure(Kind.GRADIENT, f"backward: {name}: {n} element(s) wrong, {text}", where=where,
+                   got=float(got[where]), expected=float(want[where]), tol=tol)

@@ -1,0 +1,85 @@
+"""Kernels with a backward of their own (a torch.autograd.Function, as FlashAttention's and most Triton training
+kernels are wrapped), for the backward layer (cases/oracle/backward.py): one correct, and one per bug class seen in
+public backward kernels. The forward is the same correct one everywhere, so only the gradients can tell them apart.
+"""
+import math
+
+import torch
+
+
+def _forward_parts(q, k, v, causal, scale):
+    """P (B, Hq, Nq, Nk) and the output, GQA by repeating k and v (grouped map); rows that see no key are 0."""
+    g = q.shape[1] // k.shape[1]
+    kx, vx = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = torch.matmul(q.float(), kx.float().transpose(-1, -2)) * scale
+    nq, nk = q.shape[2], k.shape[2]
+    if causal:
+        seen = torch.arange(nk, device=q.device)[None, :] <= torch.arange(nq, device=q.device)[:, None] + nk - nq
+        s = s.masked_fill(~seen, float("-inf"))
+    m = s.amax(-1, keepdim=True).clamp_min(-1e30) if nk else s.sum(-1, keepdim=True)
+    e = torch.exp(s - m)
+    p = e / e.sum(-1, keepdim=True).clamp_min(1e-30)
+    return p, torch.matmul(p, vx.float()), kx.float(), vx.float(), g
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, bug):
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        p, out, _, _, _ = _forward_parts(q, k, v, causal, scale)
+        ctx.save_for_backward(q, k, v, p, out)
+        ctx.scale, ctx.bug = scale, bug
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, p, out = ctx.saved_tensors
+        scale, bug = ctx.scale, ctx.bug
+        g = q.shape[1] // k.shape[1]
+        kx, vx = k.repeat_interleave(g, 1).float(), v.repeat_interleave(g, 1).float()
+        do = dout.float()
+        dvx = torch.matmul(p.transpose(-1, -2), do)
+        dp = torch.matmul(do, vx.transpose(-1, -2))
+        di = (do * out).sum(-1, keepdim=True)
+        if bug == "rowsum_of_dp":          # D_i taken as rowsum(dP) instead of rowsum(dO * O)
+            di = dp.sum(-1, keepdim=True)
+        ds = p * (dp - di) if bug != "no_rowsum_term" else p * dp
+        dq = torch.matmul(ds, kx) * (scale if bug != "dq_unscaled" else 1.0)
+        dkx = torch.matmul(ds.transpose(-1, -2), q.float()) * scale
+        B, Hkv, Nk, _ = k.shape
+
+        def fold(x):                        # the query heads of a group onto their kv head
+            x = x.view(B, Hkv, g, Nk, x.shape[-1])
+            return x[:, :, 0] if bug == "gqa_first_head_only" else x.sum(2)
+        dk, dv = fold(dkx), fold(dvx)
+        if bug == "dv_from_transposed_heads" and Hkv > 1:
+            dv = dv.flip(1)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+
+
+def correct(q, k, v, *, causal=False, scale=None):
+    """Forward and backward both right (fp32 inside, the result in q's dtype; scores past fp32's range overflow, so
+    the tests judge it on selected entries, not on generated huge magnitudes)."""
+    return _Attention.apply(q, k, v, causal, scale, None)
+
+
+def _buggy(bug, doc):
+    def attention(q, k, v, *, causal=False, scale=None):
+        return _Attention.apply(q, k, v, causal, scale, bug)
+    attention.__name__ = bug
+    attention.__doc__ = doc
+    return attention
+
+
+dq_unscaled = _buggy("dq_unscaled", "dQ = dS K without the softmax scale (dK keeps it)")
+no_rowsum_term = _buggy("no_rowsum_term", "dS = P * dP: the rowsum(dO * O) term of the softmax's derivative left out")
+rowsum_of_dp = _buggy("rowsum_of_dp", "D_i = rowsum(dP) instead of rowsum(dO * O) = rowsum(P * dP)")
+gqa_first_head_only = _buggy("gqa_first_head_only", "dK and dV of a kv head from the first query head of its group "
+                                                    "only, not summed over the group")
+dv_from_transposed_heads = _buggy("dv_from_transposed_heads", "dV written to the kv heads in reverse order")
+
+
+def forward_only(q, k, v, *, causal=False, scale=None):
+    """A correct forward whose output carries no autograd graph (a Triton forward kernel returns a plain tensor)."""
+    with torch.no_grad():
+        return correct(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale)

@@ -1,0 +1,87 @@
+"""The backward layer (cases/oracle/backward.py): the float64 gradients are autograd's of the forward definition for
+every feature; a kernel whose output carries autograd has its gradients judged on every case, a correct one passes
+and each backward bug of tests/backward_kernels.py fails with kind "gradient" naming the gradient; a forward-only
+kernel is not judged unless it declares --backward yes, and then fails; the project's own judging (the corpus, the
+catalogue tests) leaves the layer off."""
+import pytest
+import torch
+
+import flashcheck
+from flashcheck.cases.verify.judging import Settings
+from flashcheck.reference import torch_ref
+from flashcheck.reference.problem import Problem
+from tests import backward_kernels as bk
+
+SOME = "hand_one_query_two_keys,causal_nq_gt_nk,gqa_groups_of_three,empty_queries,partial_last_key_block,layout_mixed"
+
+
+@pytest.mark.parametrize("features", [{}, {"causal": True}, {"window": (3, 1)}, {"softcap": 2.0},
+                                      {"alibi_slopes": [0.5, 0.25, 0.125, 0.1]}], ids=str)
+@pytest.mark.parametrize("Hkv, Nq, Nk", [(2, 7, 11), (4, 9, 5), (1, 3, 3)])
+def test_reference_gradients_are_autograds_of_the_forward_definition(features, Hkv, Nq, Nk):
+    torch.manual_seed(0)
+    pb = Problem.make(2, 4, Hkv, Nq, Nk, 8, 6, **features)
+    q = torch.randn(2, 4, Nq, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, Hkv, Nk, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, Hkv, Nk, 6, dtype=torch.float64, requires_grad=True)
+    out = torch_ref.softmax_parts(q, k, v, problem=pb).out
+    dout = torch.randn_like(out)
+    want = torch.autograd.grad(out, (q, k, v), dout)
+    got = torch_ref.backward(q.detach(), k.detach(), v.detach(), dout, pb)
+    for w, g in zip(want, got):
+        assert torch.isfinite(g).all() and (w - g).abs().max() < 1e-12
+
+
+def _verify(kernel, **options):
+    return flashcheck.verify(kernel, only=options.pop("only", SOME), dtypes=options.pop("dtypes", "fp32,fp16"),
+                             **options)
+
+
+def test_a_correct_backward_passes_and_is_judged():
+    report = _verify(bk.correct)
+    assert report.exit_code == 0, str(report)
+    assert "backward" in report.run.caps.features
+    assert "backward yes (probed: its output carries autograd)" in str(report)
+
+
+@pytest.mark.parametrize("kernel, gradient, case", [
+    (bk.dq_unscaled, "dq", "partial_last_key_block"),
+    (bk.no_rowsum_term, "dq", "hand_one_query_two_keys"),
+    (bk.rowsum_of_dp, "dq", "hand_one_query_two_keys"),
+    (bk.gqa_first_head_only, "dk", "gqa_groups_of_three"),
+    (bk.dv_from_transposed_heads, "dv", "layout_mixed"),
+], ids=lambda x: getattr(x, "__name__", None) if callable(x) else None)
+def test_each_backward_bug_fails_naming_its_gradient(kernel, gradient, case):
+    report = _verify(kernel, only=case, dtypes="fp32")
+    assert report.exit_code == 1, str(report)
+    [failed] = report.failures
+    first = failed.verdict.failures[0]
+    assert str(first.kind) == "gradient" and first.message.startswith(f"backward: {gradient}:"), first.line()
+    assert first.where is not None and first.got is not None and first.expected is not None
+
+
+def test_a_forward_only_kernel_is_not_judged_unless_it_declares_a_backward():
+    report = _verify(bk.forward_only)
+    assert report.exit_code == 0 and "backward" not in report.run.caps.features, str(report)
+    assert "backward no (probed: its output carries no autograd graph)" in str(report)
+    declared = _verify(bk.forward_only, only="partial_last_key_block", dtypes="fp32", backward="yes")
+    assert declared.exit_code == 1, str(declared)
+    assert "carries no autograd graph" in declared.failures[0].verdict.failures[0].message
+    assert _verify(bk.correct, backward="no").run.caps.notes["backward"] == "--backward no"
+
+
+def test_the_project_judges_its_corpus_without_the_backward_layer():
+    """The corpus and the catalogue tests judge with Settings' defaults: the kill matrix does not depend on it."""
+    assert Settings().backward is False
+
+
+def test_correct_backwards_pass_where_rounding_moves_gradients_most():
+    """Large and very negative scores (a score's rounding is large in the softmax's terms) and a long row of values
+    far from 0 (cancelling sums): torch's SDPA and a plain einsum, differentiated by autograd on the CPU, moved
+    gradients 1e-3 and 1.7e-5 where a same-precision baseline moved 1e-7 (false alarms before the floor's score
+    term and its lengths)."""
+    sdpa = flashcheck.verify("examples/sdpa_attention.py:attention", dtypes="fp32,fp16",
+                             only="large_scores,very_negative_scores,large_scores_whole_blocks")
+    assert sdpa.exit_code == 0 and "backward" in sdpa.run.caps.features, str(sdpa)
+    einsum = flashcheck.verify("examples/plain_attention.py:einsum", dtypes="fp32", only="large_accumulator")
+    assert einsum.exit_code == 0, str(einsum)
