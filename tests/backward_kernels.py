@@ -83,3 +83,21 @@ def forward_only(q, k, v, *, causal=False, scale=None):
     """A correct forward whose output carries no autograd graph (a Triton forward kernel returns a plain tensor)."""
     with torch.no_grad():
         return correct(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale)
+
+
+class _DeclinesFp32(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        ctx.dtype = q.dtype
+        return correct(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale)
+
+    @staticmethod
+    def backward(ctx, dout):
+        raise NotImplementedError(f"backward for half precision only, got {ctx.dtype}")
+
+
+def backward_fp16_only(q, k, v, *, causal=False, scale=None):
+    """A correct forward whose backward declines fp32 (NotImplementedError), as kernels with one backward path do."""
+    if q.dtype == torch.float32:
+        return _DeclinesFp32.apply(q, k, v, causal, scale)
+    return correct(q, k, v, causal=causal, scale=scale)

@@ -85,3 +85,11 @@ def test_correct_backwards_pass_where_rounding_moves_gradients_most():
     assert sdpa.exit_code == 0 and "backward" in sdpa.run.caps.features, str(sdpa)
     einsum = flashcheck.verify("examples/plain_attention.py:einsum", dtypes="fp32", only="large_accumulator")
     assert einsum.exit_code == 0, str(einsum)
+
+
+def test_a_backward_that_declines_an_input_is_not_judged_there_and_says_so():
+    report = _verify(bk.backward_fp16_only, only="partial_last_key_block")
+    assert report.exit_code == 0, str(report)
+    fp32 = next(r for r in report.results if r.case.name == "partial_last_key_block[fp32]")
+    assert fp32.status == "pass" and any("backward not judged: the kernel's backward declined the input "
+                                         "(backward for half precision only" in r for r in fp32.verdict.reduced)

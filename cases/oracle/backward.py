@@ -29,7 +29,7 @@ import torch
 
 from flashcheck.cases import features
 from flashcheck.cases import inputs as inp
-from flashcheck.cases.oracle.kinds import Kind, classify_exception
+from flashcheck.cases.oracle.kinds import Kind, _chain, classify_exception
 from flashcheck.cases.oracle.verdict import Failure
 from flashcheck.reference import torch_ref
 
@@ -57,9 +57,14 @@ def leaves(case, qkv, device):
     return tuple(getattr(g, n).t.detach().requires_grad_(True) for n in ("q", "k", "v"))
 
 
+class Declined(Exception):
+    """The kernel's backward declined this input (NotImplementedError, flashcheck.Unsupported): not judged, said."""
+
+
 def judge(kernel, case, caps, qkv, device, conventions, kwargs):
-    """None when the gradients hold, else a Failure (kind GRADIENT, or the kind of what the call raised or returned).
-    kwargs: the keywords the forward call of this case passes (protocol_kwargs)."""
+    """None when the gradients hold, else a Failure (kind GRADIENT, or the kind of what the call raised or returned);
+    raises Declined when the backward declines the input. kwargs: the keywords the forward call of this case passes
+    (protocol_kwargs)."""
     q, k, v = leaves(case, qkv, device)
     dout = output_gradient(case, device)
     try:
@@ -71,6 +76,10 @@ def judge(kernel, case, caps, qkv, device, conventions, kwargs):
                                           "a caller's backward would raise")
         got = torch.autograd.grad(result, (q, k, v), dout, allow_unused=True)
     except Exception as exc:  # noqa: BLE001  (a kernel's backward can raise anything)
+        declined = next((e for e in _chain(exc) if isinstance(e, NotImplementedError)), None)
+        if declined is not None:
+            raise Declined(str(declined).strip().splitlines()[0][:300] if str(declined).strip()
+                           else type(declined).__name__) from None
         kind, text = classify_exception(exc)
         if kind == Kind.EXCEPTION:
             kind = Kind.GRADIENT

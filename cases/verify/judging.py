@@ -124,10 +124,18 @@ def judges_backward(info):
 def _backward(kernel, case, caps, conventions, verdict, kept):
     """The backward layer (cases/oracle/backward.py) on a case whose forward held. Not on cases too large for the
     float64 gradients (BIG, like the properties), sampled heads, NaN inputs or a case with no gradient to judge."""
-    if case.sample_heads or big(case) or case.data == "nan_input" or "qkv" not in kept:
+    if case.sample_heads or big(case):
+        verdict.reduced.append(f"backward not judged on cases of more than {BIG:.0e} multiply-adds (float64 "
+                               "gradients of every score)")
         return
-    fail = backward.judge(kernel, case, caps, kept["qkv"], device(), conventions,
-                          oracle.protocol_kwargs(case, caps, device()))
+    if case.data == "nan_input" or "qkv" not in kept:
+        return
+    try:
+        fail = backward.judge(kernel, case, caps, kept["qkv"], device(), conventions,
+                              oracle.protocol_kwargs(case, caps, device()))
+    except backward.Declined as why:
+        verdict.reduced.append(f"backward not judged: the kernel's backward declined the input ({why})")
+        return
     if fail is not None:
         verdict.fail(fail)
 
@@ -139,7 +147,7 @@ def probe_backward(kernel, dtype, conventions):
     case = Case("probe_backward", H=2, Nq=8, Nk=8, D=16, dtype=dtype, seed=1)
     q, k, v = backward.leaves(case, inp.values(case), device())
     try:
-        result = kernel(q, k, v)
+        result = kernel(q, k, v, **oracle.protocol_kwargs(case, oracle.Capabilities.of(kernel), device()))
     except Exception as exc:  # noqa: BLE001
         return False, f"probed, raised with inputs that require grad: {str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}"
     if backward.differentiable(result):
