@@ -64,6 +64,15 @@ def _start_rank(item):
     return _LONG_FIRST.index(module) if module in _LONG_FIRST else len(_LONG_FIRST)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """`pytest -n N` hands tests out by work stealing unless --dist says otherwise: xdist's default (load) deals the
+    first quarter of the items to the workers up front and never moves them, so with the long tests first one
+    worker kept a queue of them while the others were idle (H200, -n auto: 15 tests not started at 330 s)."""
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "no":
+        config.option.dist = "worksteal"
+
+
 def pytest_collection_modifyitems(config, items):
     items.sort(key=_start_rank)      # stable: the order within a module stays
     opt_in = pytest.mark.skip(reason="opt-in: select it with -m sanitizer (runs compute-sanitizer, slow)")
