@@ -101,3 +101,11 @@ def backward_fp16_only(q, k, v, *, causal=False, scale=None):
     if q.dtype == torch.float32:
         return _DeclinesFp32.apply(q, k, v, causal, scale)
     return correct(q, k, v, causal=causal, scale=scale)
+
+
+def falls_back_for_small_shapes(q, k, v, *, causal=False, scale=None):
+    """Forward only, but PyTorch (differentiable) below 32 keys, as kernels with a fallback for small shapes are: its
+    output carries autograd only there."""
+    if k.shape[2] < 32:
+        return correct(q, k, v, causal=causal, scale=scale)
+    return forward_only(q, k, v, causal=causal, scale=scale)

@@ -70,6 +70,18 @@ def test_a_forward_only_kernel_is_not_judged_unless_it_declares_a_backward():
     assert _verify(bk.correct, backward="no").run.caps.notes["backward"] == "--backward no"
 
 
+def test_a_case_whose_output_has_no_graph_is_not_judged_unless_a_backward_is_declared():
+    """A forward-only kernel whose small shapes fall back on PyTorch: the probe finds autograd, the cases past the
+    fallback have none; auto judges their forward and says the backward was not judged, --backward yes fails them."""
+    report = _verify(bk.falls_back_for_small_shapes, only="partial_last_key_block", dtypes="fp32")
+    assert report.exit_code == 0, str(report)
+    [result] = report.results
+    assert any("backward not judged: this case's output carries no autograd graph" in r
+               for r in result.verdict.reduced), str(report)
+    declared = _verify(bk.falls_back_for_small_shapes, only="partial_last_key_block", dtypes="fp32", backward="yes")
+    assert declared.exit_code == 1 and "--backward yes" in declared.failures[0].verdict.failures[0].message
+
+
 def test_the_project_judges_its_corpus_without_the_backward_layer():
     """The corpus and the catalogue tests judge with Settings' defaults: the kill matrix does not depend on it."""
     assert Settings().backward is False

@@ -61,9 +61,11 @@ class Declined(Exception):
     """The kernel's backward declined this input (NotImplementedError, flashcheck.Unsupported): not judged, said."""
 
 
-def judge(kernel, case, caps, qkv, device, conventions, kwargs):
+def judge(kernel, case, caps, qkv, device, conventions, kwargs, required=False):
     """None when the gradients hold, else a Failure (kind GRADIENT, or the kind of what the call raised or returned);
-    raises Declined when the backward declines the input. kwargs: the keywords the forward call of this case passes
+    raises Declined when the backward declines the input, or when this case's output carries no autograd graph and
+    the backward is not `required` (declared: --backward yes): a forward-only kernel that falls back on PyTorch for
+    some shapes (its probe's) is not failed for the others. kwargs: the keywords the forward call of this case passes
     (protocol_kwargs)."""
     q, k, v = leaves(case, qkv, device)
     dout = output_gradient(case, device)
@@ -71,15 +73,19 @@ def judge(kernel, case, caps, qkv, device, conventions, kwargs):
         result = kernel(q, k, v, **kwargs)
         result = result[0] if isinstance(result, (tuple, list)) else result
         if not differentiable(result):
+            if not required:
+                raise Declined("this case's output carries no autograd graph, though the probe's did")
             return Failure(Kind.GRADIENT, "backward: the output of this case carries no autograd graph (called with q, "
-                                          "k and v that require grad), though the kernel's output does elsewhere: "
-                                          "a caller's backward would raise")
+                                          "k and v that require grad), and the kernel declares a backward "
+                                          "(--backward yes): a caller's backward would raise")
         got = torch.autograd.grad(result, (q, k, v), dout, allow_unused=True)
+    except Declined:
+        raise
     except Exception as exc:  # noqa: BLE001  (a kernel's backward can raise anything)
         declined = next((e for e in _chain(exc) if isinstance(e, NotImplementedError)), None)
         if declined is not None:
-            raise Declined(str(declined).strip().splitlines()[0][:300] if str(declined).strip()
-                           else type(declined).__name__) from None
+            text = str(declined).strip().splitlines()[0][:300] if str(declined).strip() else type(declined).__name__
+            raise Declined(f"the kernel's backward declined the input ({text})") from None
         kind, text = classify_exception(exc)
         if kind == Kind.EXCEPTION:
             kind = Kind.GRADIENT

@@ -74,7 +74,7 @@ def _judge(kernel, case, settings, kept=None):
         if not verdict.failed and settings.repeat > 1:
             _repeat(kernel, case, caps, settings.repeat, verdict)
         if not verdict.failed and settings.backward:
-            _backward(kernel, case, caps, conventions, verdict, kept)
+            _backward(kernel, case, caps, conventions, verdict, kept, settings)
         if not verdict.failed and settings.plain:
             _plain_call(kernel, case, caps)
     if verdict.failed and settings.maps:
@@ -121,7 +121,7 @@ def judges_backward(info):
     return "backward" in caps.features and caps.protocol == protocols.DENSE
 
 
-def _backward(kernel, case, caps, conventions, verdict, kept):
+def _backward(kernel, case, caps, conventions, verdict, kept, settings):
     """The backward layer (cases/oracle/backward.py) on a case whose forward held. Not on cases too large for the
     float64 gradients (BIG, like the properties), sampled heads, NaN inputs or a case with no gradient to judge."""
     if case.sample_heads or big(case):
@@ -132,9 +132,9 @@ def _backward(kernel, case, caps, conventions, verdict, kept):
         return
     try:
         fail = backward.judge(kernel, case, caps, kept["qkv"], device(), conventions,
-                              oracle.protocol_kwargs(case, caps, device()))
+                              oracle.protocol_kwargs(case, caps, device()), required=settings.decl.backward == "yes")
     except backward.Declined as why:
-        verdict.reduced.append(f"backward not judged: the kernel's backward declined the input ({why})")
+        verdict.reduced.append(f"backward not judged: {why}")
         return
     if fail is not None:
         verdict.fail(fail)
