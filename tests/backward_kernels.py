@@ -109,3 +109,33 @@ def falls_back_for_small_shapes(q, k, v, *, causal=False, scale=None):
     if k.shape[2] < 32:
         return correct(q, k, v, causal=causal, scale=scale)
     return forward_only(q, k, v, causal=causal, scale=scale)
+
+
+# ---- packed kernels (varlen, paged): the correct plain ones of examples/varlen_attention.py, and each with one
+# gradient wrong (its forward untouched) ----
+
+class _GradTimes(torch.autograd.Function):
+    """x itself; its gradient scaled by 1.5 (a backward that forgets or doubles a factor)."""
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 1.5
+
+
+def varlen_dk_scaled(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, causal=False,
+                     scale=None, out=None, return_lse=False):
+    """The plain varlen kernel with dk 1.5 times too large."""
+    from examples.varlen_attention import attention_varlen
+    return attention_varlen(q, _GradTimes.apply(k), v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                            max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, out=out, return_lse=return_lse)
+
+
+def paged_dv_scaled(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=False, scale=None, out=None,
+                    return_lse=False):
+    """The plain paged kernel with the cache's dv 1.5 times too large."""
+    from examples.varlen_attention import attention_paged
+    return attention_paged(q, k_cache, _GradTimes.apply(v_cache), block_table, cache_seqlens, causal=causal,
+                           scale=scale, out=out, return_lse=return_lse)

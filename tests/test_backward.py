@@ -105,3 +105,20 @@ def test_a_backward_that_declines_an_input_is_not_judged_there_and_says_so():
     fp32 = next(r for r in report.results if r.case.name == "partial_last_key_block[fp32]")
     assert fp32.status == "pass" and any("backward not judged: the kernel's backward declined the input "
                                          "(backward for half precision only" in r for r in fp32.verdict.reduced)
+
+
+@pytest.mark.parametrize("correct, buggy, gradient", [("attention_varlen", bk.varlen_dk_scaled, "dk"),
+                                                      ("attention_paged", bk.paged_dv_scaled, "dv")],
+                         ids=["varlen", "paged"])
+def test_a_packed_kernels_backward_is_judged_sequence_by_sequence(correct, buggy, gradient):
+    """Through the packed adapter, which places a sequence's q, k and v among the others without breaking the graph:
+    the plain kernels of examples/varlen_attention.py pass, and each with one gradient 1.5 times too large fails,
+    named by its sequence."""
+    only = "varlen_block_edges,paged_odd_page_size,hand_one_query_two_keys,causal_nq_gt_nk"
+    good = _verify(f"examples/varlen_attention.py:{correct}", only=only)
+    assert good.exit_code == 0 and "backward" in good.run.caps.features, str(good)
+    bad = _verify(buggy, only=only, dtypes="fp32")
+    assert bad.exit_code == 1, str(bad)
+    first = bad.failures[0].verdict.failures[0]
+    assert str(first.kind) == "gradient" and first.message.startswith("sequence ") \
+        and f"backward: {gradient}:" in first.message, first.line()

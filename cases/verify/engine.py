@@ -312,22 +312,19 @@ BACKWARD_PROBE = "flashcheck.cases.verify.judging:probe_backward"
 
 
 def _support_backward(runner, info, decl, backend, caps, have, notes):
-    """Whether the gradients are judged (cases/oracle/backward.py): --backward yes|no, or for a dense kernel whose
-    output carries autograd on one small call (auto). Adds "backward" to `have` and its note to `notes`."""
+    """Whether the gradients are judged (cases/oracle/backward.py): --backward yes|no, or for a kernel whose output
+    carries autograd on one small call (auto). Adds "backward" to `have` and its note to `notes`."""
     if decl.backward != "auto":
         if decl.backward == "yes":
             have.add("backward")
         notes["backward"] = f"--backward {decl.backward}"
-        return
-    if caps.protocol != protocols.DENSE:
-        notes["backward"] = f"not judged for a {caps.protocol} kernel"
         return
     dtype = features.probe_dtype(decl, backend, info.get("triton"))
     if dtype is None:
         notes["backward"] = "not probed: no dtype this backend can judge for the kernel; --backward yes judges it"
         return
     try:
-        ok, why = runner.call(BACKWARD_PROBE, dtype, Conventions.of(decl))
+        ok, why = runner.call(BACKWARD_PROBE, dtype, Conventions.of(decl), caps.protocol)
     except (Hung, Died, Raised) as exc:
         how = {Hung: "hung", Died: "the worker died"}.get(type(exc), "raised")
         ok, why = False, f"probed, {how}: {str(exc).splitlines()[0][:200]}; --backward yes judges it anyway"

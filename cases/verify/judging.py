@@ -116,9 +116,9 @@ def _without_out(kernel, case, caps, kept, verdict):
 
 def judges_backward(info):
     """Whether a run judges the gradients (Settings.backward): the kernel has a backward (declared, or its output
-    carries autograd: engine.support) and is dense (a packed kernel's backward is not judged yet)."""
-    caps = info["caps"]
-    return "backward" in caps.features and caps.protocol == protocols.DENSE
+    carries autograd: engine.support). A packed kernel's are judged sequence by sequence through its adapter
+    (cases/protocols.py Packed places the sequence's q, k, v among the others without breaking the graph)."""
+    return "backward" in info["caps"].features
 
 
 def _backward(kernel, case, caps, conventions, verdict, kept, settings):
@@ -140,11 +140,13 @@ def _backward(kernel, case, caps, conventions, verdict, kept, settings):
         verdict.fail(fail)
 
 
-def probe_backward(kernel, dtype, conventions):
-    """(has a backward, why) for a dense kernel: one small call with q, k and v that require grad; its output must
-    carry an autograd graph. A kernel that raises on such inputs has none (a Triton forward-only kernel returns a
-    plain tensor)."""
+def probe_backward(kernel, dtype, conventions, protocol=protocols.DENSE):
+    """(has a backward, why): one small call with q, k and v that require grad (a packed kernel's through its
+    adapter); its output must carry an autograd graph. A kernel that raises on such inputs has none (a Triton
+    forward-only kernel returns a plain tensor)."""
     case = Case("probe_backward", H=2, Nq=8, Nk=8, D=16, dtype=dtype, seed=1)
+    if protocol != protocols.DENSE:
+        kernel = protocols.Packed(kernel, protocol, case, 0)
     q, k, v = backward.leaves(case, inp.values(case), device())
     try:
         result = kernel(q, k, v, **oracle.protocol_kwargs(case, oracle.Capabilities.of(kernel), device()))
