@@ -56,7 +56,8 @@ def attention(q, k, v, causal=False, scale=None, upcast=False, problem=None):
 
 
 def softmax_parts(q, k, v, causal=False, scale=None, align="bottom-right", problem=None):
-    """numpy_ref.softmax_parts for float64 tensors (B, H, N, D) on one device: a Softmax of tensors there."""
+    """numpy_ref.softmax_parts for tensors (B, H, N, D) on one device: a Softmax of tensors there (float64: the
+    definition; the backward's same-precision baseline runs it in the inputs' own dtype)."""
     pb = _problem(q, k, v, causal, scale, align, problem)
     k, v = expand_kv(k, pb), expand_kv(v, pb)
     seen = torch.from_numpy(pb.visible()).to(q.device)
@@ -88,21 +89,14 @@ def backward(q, k, v, dout, problem, magnitudes=False, weight=None):
     rounding per product and sum scales with, for the tolerance's floor; weight (B, Hq, Nq, 1), if given, multiplies
     P there (a relative error of each row's probabilities). Rows that see no key are 0, not NaN."""
     pb = problem
+    parts = softmax_parts(q, k, v, problem=pb)     # the forward: P and O (0 on rows that see no key)
+    p, out = parts.p, parts.out
     kx, vx = expand_kv(k, pb), expand_kv(v, pb)
-    seen = torch.as_tensor(pb.visible(), device=q.device)
-    s = torch.matmul(q, kx.transpose(-1, -2)) * pb.scale
-    t = torch.where(seen, transform(s, pb), float("-inf"))
-    m = t.amax(-1, keepdim=True) if t.shape[-1] else torch.full(t.shape[:-1] + (1,), float("-inf"), dtype=t.dtype,
-                                                                 device=t.device)
-    m = torch.where(torch.isneginf(m), 0.0, m)
-    e = torch.exp(t - m)
-    l = e.sum(-1, keepdim=True)
-    p = e / torch.where(l == 0, 1.0, l)
-    out = torch.matmul(p, vx)
     dvx = torch.matmul(p.transpose(-1, -2), dout)
     dp = torch.matmul(dout, vx.transpose(-1, -2))
     di = (dout * out).sum(-1, keepdim=True)
-    cap = 1.0 if pb.softcap is None else 1 - torch.tanh(s / pb.softcap) ** 2
+    cap = 1.0 if pb.softcap is None else 1 - torch.tanh(torch.matmul(q, kx.transpose(-1, -2)) * pb.scale
+                                                        / pb.softcap) ** 2
     ds = p * (dp - di) * cap
     dqx = torch.matmul(ds, kx) * pb.scale
     dkx = torch.matmul(ds.transpose(-1, -2), q) * pb.scale

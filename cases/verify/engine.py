@@ -278,59 +278,48 @@ def _needs(selected, examples):
 def support(runner, info, decl, backend, needed):
     """The kernel's Capabilities with the shape-carried features it has: declared (--gqa yes|no, --dv yes|no) or,
     where it says nothing and the run may meet them, probed with one small case each in the runner (a kernel that
-    raises, declines, returns the wrong shape or reads outside k and v has not got it)."""
+    raises, declines, returns the wrong shape or reads outside k and v has not got it); and whether it has a
+    backward (--backward yes|no, or probed)."""
     caps = info["caps"]
     if decl.protocol != "auto":
         caps = replace(caps, protocol=decl.protocol)
     have, notes = set(caps.features), {}
+    conventions = Conventions.of(decl)
     for name in features.PROBED:
-        said = getattr(decl, name)
-        if said != "auto":
-            if said == "yes":
-                have.add(name)
-            notes[name] = f"--{name} {said}"
+        if getattr(decl, name) == "auto" and name not in needed:
             continue
-        if name not in needed:
-            continue
-        dtype = features.probe_dtype(decl, backend, info.get("triton"))
-        if dtype is None:
-            notes[name] = f"not probed: no dtype this backend can judge for the kernel; declare --{name} yes"
-            continue
-        try:
-            ok, why = runner.call(PROBE, name, dtype, Conventions.of(decl), caps.protocol)
-        except (Hung, Died, Raised) as exc:
-            how = {Hung: "hung", Died: "the worker died"}.get(type(exc), "raised")
-            ok, why = False, f"probed, {how}: {str(exc).splitlines()[0][:200]}; --{name} yes judges it anyway"
-        if ok:
-            have.add(name)
-        notes[name] = why or "probed"
-    _support_backward(runner, info, decl, backend, caps, have, notes)
+        _declared_or_probed(name, getattr(decl, name), lambda dtype: (PROBE, name, dtype, conventions, caps.protocol),
+                            runner, info, decl, backend, have, notes)
+    # the backward (cases/oracle/backward.py): judged when declared, or when one small call's output carries autograd
+    _declared_or_probed("backward", decl.backward, lambda dtype: (BACKWARD_PROBE, dtype, conventions, caps.protocol),
+                        runner, info, decl, backend, have, notes)
     return replace(caps, features=frozenset(have), notes=notes)
 
 
 BACKWARD_PROBE = "flashcheck.cases.verify.judging:probe_backward"
 
 
-def _support_backward(runner, info, decl, backend, caps, have, notes):
-    """Whether the gradients are judged (cases/oracle/backward.py): --backward yes|no, or for a kernel whose output
-    carries autograd on one small call (auto). Adds "backward" to `have` and its note to `notes`."""
-    if decl.backward != "auto":
-        if decl.backward == "yes":
-            have.add("backward")
-        notes["backward"] = f"--backward {decl.backward}"
+def _declared_or_probed(name, said, probe, runner, info, decl, backend, have, notes):
+    """One capability the signature cannot show: `said` (--NAME yes|no) or, for auto, runner.call(*probe(dtype)) in a
+    dtype the backend can judge for the kernel, which answers (has it, why). Adds `name` to `have` when the kernel
+    has it, and how that was found out to `notes`."""
+    if said != "auto":
+        if said == "yes":
+            have.add(name)
+        notes[name] = f"--{name} {said}"
         return
     dtype = features.probe_dtype(decl, backend, info.get("triton"))
     if dtype is None:
-        notes["backward"] = "not probed: no dtype this backend can judge for the kernel; --backward yes judges it"
+        notes[name] = f"not probed: no dtype this backend can judge for the kernel; declare --{name} yes"
         return
     try:
-        ok, why = runner.call(BACKWARD_PROBE, dtype, Conventions.of(decl), caps.protocol)
+        ok, why = runner.call(*probe(dtype))
     except (Hung, Died, Raised) as exc:
         how = {Hung: "hung", Died: "the worker died"}.get(type(exc), "raised")
-        ok, why = False, f"probed, {how}: {str(exc).splitlines()[0][:200]}; --backward yes judges it anyway"
+        ok, why = False, f"probed, {how}: {str(exc).splitlines()[0][:200]}; --{name} yes judges it anyway"
     if ok:
-        have.add("backward")
-    notes["backward"] = why
+        have.add(name)
+    notes[name] = why or "probed"
 
 
 def prepare(req, runner, info, decl, backend, selected, examples):
