@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from flashcheck.cases import inputs as inp
 from flashcheck.cases import oracle
 from flashcheck.cases.case import DTYPES as DTYPE_OF
+from flashcheck.cases.case import Case
 from flashcheck.cases.generate import strategies as S
 from flashcheck.cases.oracle import tolerance
 from flashcheck.kernel import fused
@@ -154,3 +155,32 @@ def test_correct_formulations_pass_and_near_misses_fail(dtype, device, backend, 
         assert caught >= (AMPLIFIED_CAUGHT_GPU if backend == "gpu" else AMPLIFIED_CAUGHT)[dtype] * applicable, \
             f"{cname}: the tolerance let through {applicable - caught} of {applicable} outputs {AMPLIFIED:g}x as far off " \
             f"as the farthest correct formulation; {st}"
+
+
+def test_a_small_gpu_case_has_its_reference_on_the_host(monkeypatch):
+    """tolerance.reference_device: a small case's float64 reference is the host's (its hundreds of tiny kernels cost
+    more to launch on a shared GPU than to run on the CPU), a large one stays on the device, and a host case stays
+    on the host; $FLASHCHECK_HOST_REFERENCE moves the bound (0: always the device)."""
+    small, big = ((1, 2, 64, 16), (1, 2, 64, 16), (1, 2, 64, 16)), ((1, 8, 2048, 128), (1, 8, 2048, 128),
+                                                                      (1, 8, 2048, 128))
+    assert tolerance.reference_device("cuda", *small) == "cpu"
+    assert tolerance.reference_device("cuda:0", *big) == "cuda:0"
+    assert tolerance.reference_device("cpu", *big) == "cpu"
+    monkeypatch.setenv("FLASHCHECK_HOST_REFERENCE", "0")
+    assert tolerance.reference_device("cuda", *small) == "cuda"
+
+
+@pytest.mark.gpu
+def test_the_host_and_the_device_references_agree(monkeypatch):
+    """The same expectation computed on the GPU and on the host: float64 both, so they differ by summation order
+    alone (far below any tolerance they set)."""
+    case = Case("host_or_device", B=2, H=4, Hkv=2, Nq=37, Nk=70, D=24, Dv=40, dtype="bf16", causal=True,
+                       window=(9, 3), softcap=20.0, seed=3)
+    qkv = inp.values(case, "cuda")
+    monkeypatch.setenv("FLASHCHECK_HOST_REFERENCE", "0")
+    on_gpu = oracle.expectation(case, qkv, "cuda")
+    monkeypatch.setenv("FLASHCHECK_HOST_REFERENCE", str(2 ** 40))
+    on_host = oracle.expectation(case, qkv, "cuda")
+    for name in ("out", "lse", "tol", "tol_lse"):
+        a, b = getattr(on_gpu, name), getattr(on_host, name)
+        assert np.allclose(a, b, rtol=1e-10, atol=1e-12, equal_nan=True), name

@@ -30,6 +30,7 @@ import torch
 from flashcheck.cases import features
 from flashcheck.cases import inputs as inp
 from flashcheck.cases.oracle.kinds import Kind, _chain, classify_exception
+from flashcheck.cases.oracle.tolerance import reference_device
 from flashcheck.cases.oracle.verdict import Failure
 from flashcheck.reference import torch_ref
 
@@ -98,19 +99,22 @@ def judge(kernel, case, caps, qkv, device, conventions, kwargs, required=False):
             return Failure(Kind.GRADIENT, f"backward: {name} is {tuple(g.shape)} {g.dtype} on {g.device}, expected "
                                           f"{tuple(x.shape)} {x.dtype} on {x.device}")
     pb = features.problem(case, conventions.causal_align, conventions.head_map)
-    exact = [t.detach().to(torch.float64) for t in (q, k, v)]
-    want, floors = torch_ref.backward(*exact, dout.to(torch.float64), pb, magnitudes=True,
+    # the float64 gradients where the forward's reference is computed (a small GPU case's on the host); the
+    # baseline stays where the kernel ran: its rounding is the dtype's there
+    where = reference_device(q.device, q.shape, k.shape, v.shape)
+    exact = [t.detach().to(where, torch.float64) for t in (q, k, v)]
+    want, floors = torch_ref.backward(*exact, dout.to(where, torch.float64), pb, magnitudes=True,
                                       weight=_row_weights(case, pb, *exact[:2]))
     with torch_ref.no_tf32():
         base = torch_ref.backward(*(t.detach() for t in (q, k, v)), dout, pb)
     for name, g, w, b, floor in zip(NAMES, got, want, base, floors):
-        g = g.detach().to(torch.float64)
+        g = g.detach().to(where, torch.float64)
         finite = torch.isfinite(w)
         bad = finite & ~torch.isfinite(g)
         if bool(bad.any()):
             return _failure(name, "non-finite gradient element(s) where the definition is finite", bad, g, w, None)
         err = torch.where(finite, (g - w).abs(), 0.0)
-        base_err = float(torch.where(finite, (b.to(torch.float64) - w).abs(), 0.0).max()) if w.numel() else 0.0
+        base_err = float(torch.where(finite, (b.to(where, torch.float64) - w).abs(), 0.0).max()) if w.numel() else 0.0
         bound = F * base_err + floor
         over = err > bound
         if bool(over.any()):

@@ -243,7 +243,8 @@ def _check_memory(call, caps):
 def expectation(case, qkv, device=None, conventions=Conventions()):
     """The float64 reference of a case on these inputs (torch tensors of its dtype) and the per-element
     tolerance a kernel following `conventions` is held to (cases/oracle/tolerance.py), computed on `device`
-    (default: where the tensors are), or on the host when the device has no room for it."""
+    (default: where the tensors are; the host for a small case, tolerance.reference_device), or on the host when the
+    device has no room for it."""
     q, k, v = qkv
     # the problem at the tensors' own (B, H): a huge case's sampled heads are (S, 1) (such cases use no feature)
     pb = features.problem(case.replace(B=q.shape[0], H=q.shape[1], Hkv=k.shape[1]), conventions.causal_align,
@@ -253,10 +254,11 @@ def expectation(case, qkv, device=None, conventions=Conventions()):
         return tolerance.expectation(case.torch_dtype, *qkv, device=where, problem=pb,
                                      half_scores=not conventions.fp32_scores)
 
+    device = tolerance.reference_device(device or q.device, q.shape, k.shape, v.shape)
     try:
         return on(device)
     except Exception as exc:  # noqa: BLE001
-        if not is_out_of_memory(exc) or str(device or qkv[0].device).startswith("cpu"):
+        if not is_out_of_memory(exc) or str(device).startswith("cpu"):
             raise
     torch.cuda.empty_cache()
     return on("cpu")

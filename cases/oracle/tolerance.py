@@ -39,6 +39,7 @@ Where the tolerance is so wide that a trivially wrong answer (zeros, or the plai
 the case cannot be judged tightly: discriminates() says so, and the verdict is "inconclusive", never PASS.
 """
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,6 +74,22 @@ class Expectation:
     hull_lo: np.ndarray = None
     hull_hi: np.ndarray = None
     tol_hull: np.ndarray = None
+
+
+HOST_BELOW = 2 ** 22    # multiply-adds (B * Hq * Nq * Nk * (D + Dv)) up to which a GPU case's reference is the host's
+
+
+def reference_device(device, q_shape, k_shape, v_shape):
+    """Where the float64 reference of a case of these shapes is computed when its tensors are on `device`: on the
+    host for a small GPU case. There the reference is a few hundred tiny kernels, each launch dearer than its
+    work, and verify --jobs (or pytest-xdist) has a dozen processes sharing the GPU: on an H200 with 16 workers,
+    the fused kernel's cases took a median 0.33 s judged with the reference on the GPU and 0.10 s with it on the
+    host (SDPA's 0.39 s and 0.34 s). $FLASHCHECK_HOST_REFERENCE sets the bound (0: always the device's)."""
+    if torch.device(device).type == "cpu":
+        return device
+    below = int(os.environ.get("FLASHCHECK_HOST_REFERENCE", HOST_BELOW))
+    B, Hq, Nq, D = q_shape
+    return "cpu" if B * Hq * Nq * k_shape[-2] * (D + v_shape[-1]) <= below else device
 
 
 def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right", half_scores=True, device=None,
