@@ -146,8 +146,9 @@ def test_jobs_judge_the_same_cases_with_the_same_verdicts(buggy, tmp_path):
 
 def test_jobs_keep_order_and_run_heavy_cases_alone():
     """engine.in_order, the scheduler of --jobs, on three stand-in runners: results come back in the items'
-    order whatever order they finish in, at most one item per runner at a time, a heavy item only when no
-    other item runs, and nothing more comes back once stopped() says so."""
+    order whatever order they finish in, at most one item per runner at a time, an "alone" item only when no
+    other item runs, a "one" item beside light ones but never beside another "one", and nothing more comes back
+    once stopped() says so."""
     import threading
     import time
 
@@ -166,13 +167,17 @@ def test_jobs_keep_order_and_run_heavy_cases_alone():
         return item * 10
 
     items = list(range(12))
-    heavy = {5, 9}
-    got = list(in_order(items, ["r0", "r1", "r2"], work, heavy=lambda i: i in heavy))
+    heavy = {5: "alone", 7: "one", 8: "one", 9: True}
+    got = list(in_order(items, ["r0", "r1", "r2"], work, heavy=heavy.get))
     assert got == [(i, i * 10) for i in items]
     for _, item, together in log:
-        if item in heavy:
+        if heavy.get(item) in ("alone", True):
             assert together == {item}, f"heavy item {item} ran alongside {set(together) - {item}}"
+        if heavy.get(item) == "one":
+            assert not {7, 8} - {item} & together, f"two 'one' items ran together: {set(together)}"
     assert max(len(t) for _, _, t in log) > 1, "the stand-in runners never overlapped: nothing was parallel"
+    assert any(len(t) > 1 for _, i, t in log if heavy.get(i) == "one") or any(
+        len(t) > 1 and {7, 8} & t for _, _, t in log), "a 'one' item never ran beside a light one"
     seen = []
     for item, _ in in_order(items, ["r0", "r1"], work, stopped=lambda: len(seen) >= 3):
         seen.append(item)

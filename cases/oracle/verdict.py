@@ -84,6 +84,7 @@ class Verdict:
     note: str = ""            # why inconclusive, the kernel's unsupported message, the memory figures
     peak_bytes: int = None    # the kernel's own device memory beyond its inputs (GPU), when measured
     maps: dict = None         # error maps of a failing case, for the HTML report (oracle/diagnose.py)
+    timing: tuple = None      # (start, seconds, worker) of judging it, as verify saw it: start from the run's start
 
     def __post_init__(self):
         if not self.status:

@@ -38,6 +38,9 @@ def to_dict(run, partial=False):
             entry.update(kind=str(v.kind), ratio=_num(v.ratio), max_err=_num(v.max_err), tol=_num(v.tol),
                          note=v.note, seconds=round(v.seconds, 4), reduced=list(v.reduced),
                          peak_bytes=v.peak_bytes, failures=[failure(f) for f in v.failures])
+            if v.timing:      # where the run's time went: when judging began (from the run's start), for how long
+                entry["timing"] = {"start": round(v.timing[0], 3), "seconds": round(v.timing[1], 3),
+                                   "worker": v.timing[2]}
             if r.status == "fail":
                 entry["repro"] = v.repro()
         cases.append(entry)
@@ -139,13 +142,21 @@ def write_junit(run, path, partial=False):
 
 
 class Files:
-    """The files a run writes, kept current: update() after each case (partial), finish() at the end.
-    JSON to stdout ('-') is written once, at the end (a stream cannot be rewritten)."""
+    """The files a run writes, kept current: update() after each case (partial; at most once every EVERY seconds,
+    as each write is the whole run so far), finish() at the end. JSON to stdout ('-') is written once, at the end
+    (a stream cannot be rewritten)."""
+
+    EVERY = 1.0
 
     def __init__(self, json_path=None, junit_path=None, html_path=None):
         self.json, self.junit, self.html = json_path, junit_path, html_path
+        self.written = None       # when update() last wrote
 
     def update(self, run):
+        now = time.monotonic()
+        if self.written is not None and now - self.written < self.EVERY:
+            return
+        self.written = now
         self._write(run, partial=True)
 
     def finish(self, run, partial=False):

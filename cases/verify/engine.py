@@ -279,47 +279,54 @@ def support(runner, info, decl, backend, needed):
     """The kernel's Capabilities with the shape-carried features it has: declared (--gqa yes|no, --dv yes|no) or,
     where it says nothing and the run may meet them, probed with one small case each in the runner (a kernel that
     raises, declines, returns the wrong shape or reads outside k and v has not got it); and whether it has a
-    backward (--backward yes|no, or probed)."""
+    backward (--backward yes|no, or probed). runner may be a list: the probes then run at once, one per runner (on
+    a cold cache each compiles a kernel of its own)."""
     caps = info["caps"]
     if decl.protocol != "auto":
         caps = replace(caps, protocol=decl.protocol)
-    have, notes = set(caps.features), {}
     conventions = Conventions.of(decl)
-    for name in features.PROBED:
-        if getattr(decl, name) == "auto" and name not in needed:
-            continue
-        _declared_or_probed(name, getattr(decl, name), lambda dtype: (PROBE, name, dtype, conventions, caps.protocol),
-                            runner, info, decl, backend, have, notes)
+    asks = [(name, getattr(decl, name), (PROBE, name, _DTYPE, conventions, caps.protocol)) for name in features.PROBED
+            if getattr(decl, name) != "auto" or name in needed]
     # the backward (cases/oracle/backward.py): judged when declared, or when one small call's output carries autograd
-    _declared_or_probed("backward", decl.backward, lambda dtype: (BACKWARD_PROBE, dtype, conventions, caps.protocol),
-                        runner, info, decl, backend, have, notes)
+    asks.append(("backward", decl.backward, (BACKWARD_PROBE, _DTYPE, conventions, caps.protocol)))
+    runners = runner if isinstance(runner, list) else [runner]
+
+    def one(i):
+        name, said, probe = asks[i]
+        return _declared_or_probed(name, said, probe, runners[i % len(runners)], info, decl, backend)
+    if len(runners) > 1 and len(asks) > 1:
+        with ThreadPoolExecutor(min(len(asks), len(runners))) as pool:
+            found = list(pool.map(one, range(len(asks))))
+    else:
+        found = [one(i) for i in range(len(asks))]
+    have, notes = set(caps.features), {}
+    for (name, _, _), (has, note) in zip(asks, found):
+        if has:
+            have.add(name)
+        notes[name] = note
     return replace(caps, features=frozenset(have), notes=notes)
 
 
 BACKWARD_PROBE = "flashcheck.cases.verify.judging:probe_backward"
+_DTYPE = object()       # in a probe's arguments: the dtype it is judged in (features.probe_dtype)
 
 
-def _declared_or_probed(name, said, probe, runner, info, decl, backend, have, notes):
-    """One capability the signature cannot show: `said` (--NAME yes|no) or, for auto, runner.call(*probe(dtype)) in a
-    dtype the backend can judge for the kernel, which answers (has it, why). Adds `name` to `have` when the kernel
-    has it, and how that was found out to `notes`."""
+def _declared_or_probed(name, said, probe, runner, info, decl, backend):
+    """(has it, how that was found out) for one capability the signature cannot show: `said` (--NAME yes|no) or,
+    for auto, runner.call(*probe) in a dtype the backend can judge for the kernel (in place of _DTYPE), which answers
+    (has it, why)."""
     if said != "auto":
-        if said == "yes":
-            have.add(name)
-        notes[name] = f"--{name} {said}"
-        return
+        return said == "yes", f"--{name} {said}"
     dtype = features.probe_dtype(decl, backend, info.get("triton"))
     if dtype is None:
-        notes[name] = f"not probed: no dtype this backend can judge for the kernel; declare --{name} yes"
-        return
+        return False, f"not probed: no dtype this backend can judge for the kernel; declare --{name} yes"
+    probe = tuple(dtype if x is _DTYPE else x for x in probe)
     try:
-        ok, why = runner.call(*probe(dtype))
+        ok, why = runner.call(*probe)
     except (Hung, Died, Raised) as exc:
         how = {Hung: "hung", Died: "the worker died"}.get(type(exc), "raised")
         ok, why = False, f"probed, {how}: {str(exc).splitlines()[0][:200]}; --{name} yes judges it anyway"
-    if ok:
-        have.add(name)
-    notes[name] = why or "probed"
+    return ok, why or "probed"
 
 
 def prepare(req, runner, info, decl, backend, selected, examples):
@@ -376,13 +383,25 @@ def _open(runners, spec):
     return infos[0]
 
 
+def close_all(runners, kill=False):
+    """Close every runner (kill=True: kill those that can be), all at once: each waits for its worker to exit, and
+    a worker's exit tears down its CUDA context. One after the other, 16 workers took 11 s of a 28 s verify on an
+    H200."""
+    ends = [getattr(r, "kill", r.close) if kill and len(runners) > 1 else r.close for r in runners]
+    if len(ends) == 1:
+        ends[0]()
+        return
+    with ThreadPoolExecutor(len(ends)) as pool:
+        list(pool.map(lambda end: end(), ends))
+
+
 def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: False, key=lambda item: None):
     """(item, work(runner, item)) for each item, in the items' order, until stopped() says so.
 
     With one runner, one item after the other. With several (--jobs), up to one item per runner at once, each
-    runner serving one item at a time; an item heavy(item) says is too large to share the machine with
-    others (a case that needs much of the device's or host's memory) waits until the items before it are done
-    and runs alone. key(item): what a kernel specialises on for that item (its shapes, dtype, flags): a runner
+    runner serving one item at a time. heavy(item) says how an item shares the machine (a case's memory):
+    falsy, with any others; "one", with light items but never beside another "one" item; "alone" (or True), with
+    nothing: it waits until the items before it are done and runs by itself. key(item): what a kernel specialises on for that item (its shapes, dtype, flags): a runner
     that becomes free takes, among the next items, one whose key it has met (its compile and autotune caches are
     warm for it), else one whose key no runner has met, else the next one. The results' order never changes."""
     if len(runners) == 1:
@@ -394,16 +413,17 @@ def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: Fal
     items = iter(items)
     lookahead = 8 * len(runners)        # how far past the oldest unfinished item a free runner may look
     cond = threading.Condition()
-    # [item, key, state, outcome] not yet yielded, oldest first; state new/run/done, outcome ("ok", value) or
-    # ("raised", exception) once done
+    # [item, key, state, outcome, one] not yet yielded, oldest first; state new/run/done, outcome ("ok", value)
+    # or ("raised", exception) once done; one: heavy(item) said "one"
     window = collections.deque()
     met = {r: set() for r in runners}   # the keys each runner has judged
     closing = [False]
 
     def pick(runner):
         fresh = first = None
+        one_running = any(e[4] and e[2] == "run" for e in window)
         for entry in window:
-            if entry[2] != "new":
+            if entry[2] != "new" or (entry[4] and one_running):
                 continue
             if entry[1] is not None and entry[1] in met[runner]:
                 return entry
@@ -429,7 +449,7 @@ def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: Fal
             except BaseException as exc:     # handed to the caller with its item
                 outcome = ("raised", exc)
             with cond:
-                entry[2:] = ["done", outcome]
+                entry[2], entry[3] = "done", outcome
                 cond.notify_all()
 
     threads = [threading.Thread(target=serve, args=(r,), daemon=True, name="flashcheck-job") for r in runners]
@@ -453,10 +473,11 @@ def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: Fal
                     except StopIteration:
                         exhausted = True
                         break
-                    if heavy(item):
+                    how = heavy(item)
+                    if how and how != "one":
                         waiting_heavy = item
                         break
-                    window.append([item, key(item), "new", None])
+                    window.append([item, key(item), "new", None, how == "one"])
                     cond.notify_all()
                 if window:
                     while window[0][2] != "done" and not stopped():
@@ -496,13 +517,19 @@ def specialisation(case):
 
 
 def _heavy(info, jobs):
-    """heavy(case) for in_order: the case needs more than a 2 * jobs-th share of the free device or host memory
-    (judged alone, it gets what a run without --jobs would give it)."""
+    """heavy(case) for in_order. A case that needs more than a 2 * jobs-th share of the free device or host memory
+    is "one": it runs beside light cases (together they need at most half the free memory) but never beside
+    another such case; one that needs more than half the free memory runs "alone" (it gets what a run without
+    --jobs would give it). Before, every heavy case ran alone, and the others waited: 10 s of a 90 s cold verify
+    on an H200."""
     device, host = info.get("device_free"), info.get("host_free")
 
     def heavy(case):         # asked by in_order only when it has several runners
         need_device, need_host = footprint(case)
-        return bool((device and need_device * 2 * jobs > device) or (host and need_host * 2 * jobs > host))
+
+        def past(share):
+            return bool((device and need_device * share > device) or (host and need_host * share > host))
+        return "alone" if past(2) else "one" if past(2 * jobs) else None
     return heavy
 
 
@@ -525,7 +552,10 @@ def judge(runner, case, settings, fn=JUDGE):
         errors = runner.memcheck()
         if errors and not verdict.failed:
             verdict.fail(Failure(Kind.MEMCHECK, errors))
-    verdict.seconds = verdict.seconds or time.perf_counter() - t0
+    t1 = time.perf_counter()
+    verdict.seconds = verdict.seconds or t1 - t0
+    # the whole judging (oracle and layers), on the run's clock
+    verdict.timing = (t0 - getattr(runner, "t0", t0), t1 - t0, getattr(runner, "number", 0))
     return verdict
 
 
@@ -560,6 +590,8 @@ def run(req, on_result=None):
         env["OMP_NUM_THREADS"] = str(max(1, _cores() // jobs))
     made = [_runner(req, backend, env) for _ in range(jobs)]
     runners, spec = [r for r, _ in made], made[0][1]
+    for i, r in enumerate(runners):
+        r.number, r.t0 = i, t0    # a case's timing names its worker and starts from the run's start (the JSON)
     isolated = not isinstance(runners[0], InProcess)   # in this process, the caches are this process's own
     runner = runners[0]
     files = Files(req.json, req.junit, req.html)
@@ -567,7 +599,7 @@ def run(req, on_result=None):
     try:
         info = _open(runners, spec)
         decl = _declarations(info, req.declarations)
-        info, selected = prepare(req, runner, info, decl, backend, selected, examples)
+        info, selected = prepare(req, runners, info, decl, backend, selected, examples)
         if decl.head_dims and not any(decl.head_dim_ok(d) for d in range(1, 257)):
 
             raise UsageError(f"--head-dims {ranges_text(decl.head_dims)}: the head dims {ranges_text(decl.head_dims)} "
@@ -602,46 +634,57 @@ def run(req, on_result=None):
             if req.max_failures and the_run.count("fail") >= req.max_failures:
                 the_run.stopped = f"--max-failures {req.max_failures} reached"
         heavy = _heavy(info, len(runners))
-
-        def work(runner, item):
-            n, index, (case, origin, reason, group) = item
-            if reason:
-                return report.Result(case, "skip", reason=reason, skip_group=group, origin=origin, index=index)
-            progress.start(n, case.name)
-            return report.Result.of(case, judge(runner, case, settings), origin, index)
-
         numbered, n = [], 0           # (the case's number in the progress line, its place in the plan, entry)
         for index, entry in planned:
             n += not entry[2]
             numbered.append((n, index, entry))
+        # the generated cases are drawn while the catalogue's first cases run, and judged in the same stream: no
+        # worker waits for the catalogue's last (slowest) cases before they start
+        drawing = None
+        if examples:
+            pool = ThreadPoolExecutor(1, thread_name_prefix="flashcheck-draw")
+            drawing = pool.submit(generated.draw, examples, req.seed, decl, info, backend, the_run, the_shard)
+            pool.shutdown(wait=False)         # the draw still runs; its thread ends with it
+
+        def items():
+            for x in numbered:
+                yield "catalogue", x, x[2]
+            drawn = drawing and drawing.result()
+            for i, case in enumerate(drawn.cases if drawn else (), 1):
+                yield "generated", (n + i, i), (case, "hypothesis", "", "")
+
+        def work(runner, item):
+            what, x, (case, origin, reason, group) = item
+            if what == "generated":
+                progress.start(x[0], f"generated example {x[1]}")
+                return judge(runner, case, settings)
+            if reason:
+                return report.Result(case, "skip", reason=reason, skip_group=group, origin=origin, index=x[1])
+            progress.start(x[0], case.name)
+            return report.Result.of(case, judge(runner, case, settings), origin, x[1])
+
         try:
-            for _, result in in_order(numbered, runners, work, lambda item: not item[2][2] and heavy(item[2][0]),
-                                      lambda: the_run.stopped,
-                                      lambda item: None if item[2][2] else specialisation(item[2][0])):
-                record(result)
+            verdicts = []             # the generated cases', in drawn order
+            for item, value in in_order(items(), runners, work, lambda item: not item[2][2] and heavy(item[2][0]),
+                                        lambda: the_run.stopped,
+                                        lambda item: None if item[2][2] else specialisation(item[2][0])):
+                if item[0] == "generated":
+                    verdicts.append(value)
+                else:
+                    record(value)
             if decl.fused and not the_run.stopped and shard.owns(the_shard, MEMORY_CASE):
                 result = _memory(runner, decl, settings, backend)
                 result.index = every
                 record(result)
-            if examples and not the_run.stopped:
-
-                def judge_many(cases, first):
-                    def one(runner, item):
-                        i, case = item
-                        progress.start(first + i, f"generated example {i}")
-                        return judge(runner, case, settings)
-                    return (v for _, v in in_order(enumerate(cases, 1), runners, one, lambda item: heavy(item[1]),
-                                                   key=lambda item: specialisation(item[1])))
-
-                generated.run(examples, req.seed, decl, info, backend, lambda c: judge(runner, c, settings),
-                              the_run, record, progress, n, judge_many, the_shard, every + 1)
+            if drawing and not the_run.stopped and drawing.result():
+                generated.finish(drawing.result(), verdicts, req.seed, decl, lambda c: judge(runner, c, settings),
+                                 the_run, record, progress, n, every + 1)
         except KeyboardInterrupt:
             the_run.stopped = interrupted = "interrupted"
         progress.close()
     finally:
-        for r in runners:
-            # after an interrupt, jobs may still run on the other runners: those are killed, not asked to stop
-            (getattr(r, "kill", r.close) if interrupted and len(runners) > 1 else r.close)()
+        # after an interrupt, jobs may still run on the other runners: those are killed, not asked to stop
+        close_all(runners, kill=bool(interrupted))
         cache_line = cache.line() if isolated and (backend == "gpu" or cache.kernels()) else ""   # (the interpreter
         cache.close()                                                                            # compiles nothing)
     the_run.cache = cache_line

@@ -7,6 +7,8 @@ by field towards the simplest case that still fails with that kind (B = H = 1, f
 default scale, fewer keys, queries and head dims), always within the declarations. A case drawn twice is
 judged once.
 """
+from dataclasses import dataclass
+
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
 from flashcheck.cases import protocols, report
@@ -68,17 +70,20 @@ def shrink(case, kind, verdict_of, decl, dtypes, steps=SHRINK_STEPS):
     return best
 
 
-def run(examples, seed, decl, info, backend, judge, the_run, record, progress, start, judge_many=None, the_shard=None,
-        base=0):
-    """Judge up to `examples` generated cases (judge(case) -> Verdict), recording each distinct case's result
-    with record(Result), then a minimal failing case per kind of failure, and a summary in the_run.notes.
+@dataclass
+class Drawn:
+    """The generated cases of a run, drawn before any is judged: `cases` this shard owns, in drawn order, each
+    case's place among every shard's (`place`, by case key), how many there are in all, the dtypes drawn from."""
+    cases: list
+    place: dict
+    n_all: int
+    dtypes: tuple
 
-    The cases are drawn first and judged after: judge_many(cases, start) yields their verdicts in order (verify
-    --jobs judges several at once); without it, one after the other with judge. Drawing never depends on a
-    verdict, so the cases are the same either way, and in every shard: the_shard (I, N) judges the drawn cases it
-    owns (verify/shard.py). Each result's index is its place in the report of an unsharded run, from base on
-    (passes in drawn order, then the failures left unshrunk, then each kind's minimal case after the failure it
-    was shrunk from), so that merged shards read as one run."""
+
+def draw(examples, seed, decl, info, backend, the_run, the_shard=None):
+    """Draw up to `examples` distinct cases within the declarations (representative ones first); None, with a
+    note in the_run, when no dtype can be judged. Drawing never depends on a verdict: the same cases every run,
+    and in every shard."""
     caps = info["caps"]
     dtypes = tuple(d for d in limits(backend).dtypes if decl.dtypes is None or d in decl.dtypes)
     if backend != "gpu" and not info.get("triton") and "bf16" in (decl.dtypes or ("bf16",)) and "bf16" not in dtypes:
@@ -86,7 +91,7 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
     if not dtypes:
         the_run.notes.append(f"hypothesis: no examples: the declared dtypes ({', '.join(decl.dtypes)}) cannot be "
                              f"judged on this backend ({backend}) for this kernel")
-        return
+        return None
     drawn = {}           # case source (without its name) -> case: a case drawn twice is judged once
     for case in representative(decl, dtypes, backend, caps)[:max(1, examples // 4)]:
         drawn.setdefault(case.key(), case)
@@ -104,12 +109,39 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
         if len(drawn) >= examples:
             break
         round_()
+    # a varlen or paged kernel gets each drawn case as packed sequences of drawn lengths (cases/protocols.py)
+    drawn_all = list({c.key(): c for c in (protocols.segmented(c, caps.protocol, decl, _fit)
+                                            for c in drawn.values())}.values())
+    place = {case.key(): i for i, case in enumerate(drawn_all)}        # 0-based, over every shard's cases
+    return Drawn([c for c in drawn_all if shard.owns(the_shard, c.key())], place, len(drawn_all), dtypes)
+
+
+def run(examples, seed, decl, info, backend, judge, the_run, record, progress, start, judge_many=None, the_shard=None,
+        base=0):
+    """Judge up to `examples` generated cases (judge(case) -> Verdict), recording each distinct case's result
+    with record(Result), then a minimal failing case per kind of failure, and a summary in the_run.notes.
+
+    The cases are drawn first (draw) and judged after: judge_many(cases, start) yields their verdicts in order
+    (verify --jobs judges several at once); without it, one after the other with judge. Then finish."""
+    drawn = draw(examples, seed, decl, info, backend, the_run, the_shard)
+    if drawn is None:
+        return
 
     def one_by_one(cases, first):
         for i, case in enumerate(cases, 1):
             progress.start(first + i, f"generated example {i}")
             yield judge(case)
+    finish(drawn, (judge_many or one_by_one)(drawn.cases, start), seed, decl, judge, the_run, record, progress,
+           start, base)
 
+
+def finish(drawn, verdicts, seed, decl, judge, the_run, record, progress, start, base=0):
+    """Record the drawn cases' verdicts (an iterable in drawn.cases' order; it may end early, when a run is cut
+    short), then shrink each distinct kind of failure (MAX_KINDS at most) to a minimal case with judge, and add
+    the summary to the_run.notes. Each result's index is its place in the report of an unsharded run, from base
+    on (passes in drawn order, then the failures left unshrunk, then each kind's minimal case after the failure it
+    was shrunk from), so that merged shards read as one run."""
+    cases, place, n_all = drawn.cases, drawn.place, drawn.n_all
     seen = {}            # case key -> Verdict
     judged = []          # distinct generated cases, in order
 
@@ -117,13 +149,7 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
         verdict.case = verdict.case.replace(name=_example_name(prefix, verdict.case))
         record(report.Result.of(verdict.case, verdict, "hypothesis", index))
 
-    # a varlen or paged kernel gets each drawn case as packed sequences of drawn lengths (cases/protocols.py)
-    drawn_all = list({c.key(): c for c in (protocols.segmented(c, caps.protocol, decl, _fit)
-                                            for c in drawn.values())}.values())
-    place = {case.key(): i for i, case in enumerate(drawn_all)}        # 0-based, over every shard's cases
-    cases = [c for c in drawn_all if shard.owns(the_shard, c.key())]
-    n_all = len(drawn_all)
-    for case, verdict in zip(cases, (judge_many or one_by_one)(cases, start)):
+    for case, verdict in zip(cases, verdicts):
         seen[case.key()] = verdict
         judged.append(verdict)
         i = place[case.key()]
@@ -143,7 +169,7 @@ def run(examples, seed, decl, info, backend, judge, the_run, record, progress, s
     kinds = {}
     for kind, (i, verdict) in list(first.items())[:MAX_KINDS]:
         progress.start(start + len(judged), f"shrinking a {kind} failure")
-        kinds[kind] = (i, verdict_of(shrink(verdict.case, kind, verdict_of, decl, dtypes)))
+        kinds[kind] = (i, verdict_of(shrink(verdict.case, kind, verdict_of, decl, drawn.dtypes)))
     for case, verdict in zip(cases, judged):
         if verdict.failed and str(verdict.kind) not in kinds:    # failures: their kind's minimal case below
             i = place[case.key()]

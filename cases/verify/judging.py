@@ -41,6 +41,9 @@ def big(case):
     return case.B * case.H * case.Nq * case.Nk * case.D > BIG
 
 
+RELEASE = 2 ** 30      # device bytes of a case past which its process hands its cached memory back after it
+
+
 def judge_case(kernel, case, settings):
     """The Verdict of one case; nothing raised here escapes (a kernel can surprise the oracle). A varlen or paged
     kernel has each sequence of the case judged as a dense case, through its adapter (cases/verify/packed.py)."""
@@ -55,6 +58,11 @@ def judge_case(kernel, case, settings):
         verdict.fail(Failure(kind, f"escaped the oracle: {text.splitlines()[0][:500]}",
                              location=oracle.where_raised(exc)))
         return verdict
+    finally:
+        # verify --jobs lets a large case run beside others on what the light ones leave free (engine._heavy):
+        # the memory it took goes back to the device, not into this worker's cache for its next (light) case
+        if torch.cuda.is_initialized() and inp.footprint(case)[0] > RELEASE:
+            torch.cuda.empty_cache()
 
 
 def _judge(kernel, case, settings, kept=None):
