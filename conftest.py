@@ -16,6 +16,20 @@ if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
     _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     os.environ["OMP_NUM_THREADS"] = str(max(1, _cores // _WORKERS))
 
+# Where the environment forbids writing bytecode (PYTHONDONTWRITEBYTECODE, set in many container images, with an
+# install shipped without it), every process the suite starts compiles torch's and sympy's sources again: about
+# 3 s more per Python process on the H200 machine's image (import torch 4.3-5.6 s there), and the tests start
+# hundreds of them (each verify and its workers). The suite then keeps the bytecode in flashcheck's cache
+# directory, outside the source trees, for this process's later imports and for the processes it starts.
+if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
+    import sys
+
+    from flashcheck.cases.runner.cache import default_dir  # (imports nothing heavy)
+
+    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = os.path.join(default_dir(), "pycache")
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    sys.dont_write_bytecode = False
+
 from flashcheck.cases.backend import select_backend  # noqa: E402
 
 BACKEND = select_backend()
@@ -25,7 +39,7 @@ BACKEND = select_backend()
 # Triton's default here, each kernel specialisation the tests share with a verify run compiled twice. Set before
 # Triton is imported; a TRITON_CACHE_DIR of the user's own stands.
 if BACKEND == "gpu":
-    from flashcheck.cases.runner.cache import default_dir  # noqa: E402
+    from flashcheck.cases.runner.cache import default_dir  # noqa: E402,F811
 
     for _var, _sub in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
         os.environ.setdefault(_var, os.path.join(default_dir(), _sub))
