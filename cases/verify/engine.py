@@ -239,6 +239,12 @@ def _declarations(info, overrides):
         raise UsageError(str(exc)) from None
 
 
+def _check_head_dims(decl):
+    if decl.head_dims and not any(decl.head_dim_ok(d) for d in range(1, 257)):
+        raise UsageError(f"--head-dims {ranges_text(decl.head_dims)}: the head dims {ranges_text(decl.head_dims)} "
+                         "are outside 1..256, the range of flashcheck's catalogue and generated cases")
+
+
 MAX_AUTO_JOBS = 16        # worker processes at most by default (each holds a CUDA context on the GPU)
 
 
@@ -574,6 +580,8 @@ def run(req, on_result=None):
     t0 = time.perf_counter()
     backend = active_backend()
     _check(req, backend)
+    if req.declarations.get("head_dims") is not None:     # before any worker starts (seconds each on a GPU)
+        _check_head_dims(_declarations({}, {"head_dims": req.declarations["head_dims"]}))
     the_shard = shard.parse(req.shard)
     if isinstance(req.target, str):
         split_target(req.target)
@@ -600,10 +608,7 @@ def run(req, on_result=None):
         info = _open(runners, spec)
         decl = _declarations(info, req.declarations)
         info, selected = prepare(req, runners, info, decl, backend, selected, examples)
-        if decl.head_dims and not any(decl.head_dim_ok(d) for d in range(1, 257)):
-
-            raise UsageError(f"--head-dims {ranges_text(decl.head_dims)}: the head dims {ranges_text(decl.head_dims)} "
-                             "are outside 1..256, the range of flashcheck's catalogue and generated cases")
+        _check_head_dims(decl)
         name = _name(req.target)
         settings = Settings(target=name, decl=decl, properties=req.properties, repeat=req.repeat,
                             maps=bool(req.html), plain=req.sanitize, backward=judges_backward(info))
