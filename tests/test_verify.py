@@ -419,3 +419,51 @@ def test_a_usage_error_with_a_full_compile_cache_exits_2(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "flashcheck", "verify", SDPA, "--only", "one_key", "-q"], cwd=ROOT,
                         capture_output=True, text=True, timeout=300, env=env)
     assert ok.returncode == 0 and f"compile cache {tmp_path / 'triton'} (0 new, 1 before)" in ok.stdout, explain(ok)
+
+
+def test_the_probes_run_at_once_but_never_two_on_one_runner():
+    """engine.support with several runners asks its probes (GQA, Dv, the backward) at once, one runner each, and a
+    runner with two of them asks them one after the other: a worker's pipe serves one call at a time (two threads
+    reading one pipe tore a frame: 'Python int too large to convert to C ssize_t')."""
+    import threading
+    import time
+
+    from flashcheck.cases.declarations import Declarations
+    from flashcheck.cases.oracle import Capabilities
+    from flashcheck.cases.verify.engine import support
+
+    busy, overlapped, lock = set(), [], threading.Lock()
+
+    class Runner:
+        def __init__(self, name):
+            self.name = name
+
+        def call(self, fn, *args):
+            with lock:
+                assert self.name not in busy, f"two calls at once on {self.name}"
+                busy.add(self.name)
+                overlapped.append(len(busy))
+            time.sleep(0.2 if self.name == "r0" else 0.01)     # r1 is free again long before r0
+            with lock:
+                busy.discard(self.name)
+            return fn.endswith("probe_backward") or args[0] == "gqa", "probed"
+
+    info = {"caps": Capabilities(out=False, lse=False, blocks=False, causal=True, scale=True), "triton": False}
+    caps = support([Runner("r0"), Runner("r1")], info, Declarations.make(), "cpu", {"gqa", "dv"})
+    assert set(caps.features) >= {"gqa", "backward"} and "dv" not in caps.features, caps.features
+    assert caps.notes == {"gqa": "probed", "dv": "probed", "backward": "probed"}, caps.notes
+    assert max(overlapped) == 2, "the probes never ran at once"
+
+
+def test_an_internal_error_exits_3_not_1(monkeypatch, capsys):
+    """An exception of flashcheck's own (here the engine raising) is an internal error, exit status 3 with its
+    traceback: exit 1 would read as a verdict on the kernel."""
+    from flashcheck.cases import cli
+    from flashcheck.cases.verify import engine
+
+    def broken(req, on_result=None):
+        raise OverflowError("Python int too large to convert to C ssize_t")
+    monkeypatch.setattr(engine, "run", broken)
+    assert cli.main(["verify", "-q"]) == 3
+    err = capsys.readouterr().err
+    assert "internal error" in err and "OverflowError" in err and "Traceback" in err, err

@@ -14,6 +14,7 @@ Nothing here imports Triton or the kernel before run(): the backend is chosen af
 """
 import argparse
 import sys
+import traceback
 
 from flashcheck.cases import report
 from flashcheck.cases.declarations import FIELDS
@@ -124,12 +125,20 @@ def request(args):
                    json=args.json, junit=args.junit, html=args.html, progress=not args.quiet)
 
 
+INTERNAL_ERROR = 3
+
+
 def run(args):
     req = request(args)
     try:
         the_run = engine.run(req)
     except (UsageError, TargetError) as exc:
         return _usage(exc)
+    except Exception as exc:  # noqa: BLE001  (flashcheck's own bug: never exit 1, which reads as a failed kernel)
+        traceback.print_exc()
+        print(f"flashcheck verify: internal error (a bug of flashcheck, no verdict on the kernel): "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return INTERNAL_ERROR
     print(report.text(the_run, quiet=args.quiet), file=sys.stderr if args.json == "-" else sys.stdout)
     code = the_run.exit_code()
     if the_run.stopped == "interrupted":

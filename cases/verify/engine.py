@@ -297,14 +297,16 @@ def support(runner, info, decl, backend, needed):
     asks.append(("backward", decl.backward, (BACKWARD_PROBE, _DTYPE, conventions, caps.protocol)))
     runners = runner if isinstance(runner, list) else [runner]
 
-    def one(i):
-        name, said, probe = asks[i]
-        return _declared_or_probed(name, said, probe, runners[i % len(runners)], info, decl, backend)
-    if len(runners) > 1 and len(asks) > 1:
-        with ThreadPoolExecutor(min(len(asks), len(runners))) as pool:
-            found = list(pool.map(one, range(len(asks))))
+    n = min(len(asks), len(runners))
+
+    def serve(r):       # runner r asks probes r, r + n, ... one after the other (a runner serves one call at a time)
+        return [_declared_or_probed(*asks[i], runners[r], info, decl, backend) for i in range(r, len(asks), n)]
+    if n > 1:
+        with ThreadPoolExecutor(n) as pool:
+            parts = list(pool.map(serve, range(n)))
     else:
-        found = [one(i) for i in range(len(asks))]
+        parts = [serve(0)]
+    found = [parts[i % n][i // n] for i in range(len(asks))]
     have, notes = set(caps.features), {}
     for (name, _, _), (has, note) in zip(asks, found):
         if has:
