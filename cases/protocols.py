@@ -142,6 +142,26 @@ def _bad(what, expected, got):
     return RunFailed(Failure(Kind.BAD_RETURN, f"{what}: expected {expected}, got {desc}"))
 
 
+class _OwnRows(torch.autograd.Function):
+    """whole[rows] (the judged sequence's rows of a packed output), as a plain index gives them; in the backward
+    the other sequences' rows get a gradient of their own (seeded, of order 1) where a plain index gives them 0.
+    The judged sequence's gradients do not depend on it; a backward that mixes sequences (dK and dV summed over
+    rows of another sequence, a loop bounded by the wrong offsets) moves them. With zeros there, the other rows'
+    contributions vanish and such a leak is unseen."""
+
+    @staticmethod
+    def forward(ctx, whole, rows, seed):
+        ctx.rows, ctx.seed, ctx.shape = rows, seed, whole.shape
+        return whole[rows].clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = torch.Generator(device="cpu").manual_seed(ctx.seed)
+        full = torch.randn(ctx.shape, generator=g, dtype=torch.float32).to(grad.device, grad.dtype)
+        full[ctx.rows] = grad
+        return full, None, None
+
+
 class Packed:
     """Sequence b of `case`, called as a dense kernel: its q (1, H, Nq, D), k, v come from the oracle; the other
     sequences are the case's own (or, leak=True, large values); the kernel gets them all in its protocol's layout."""
@@ -221,7 +241,7 @@ class Packed:
         result, lse = self._call((gq.t, gk.t, gv.t, cu_q, cu_k), kw, (gq, gk, gv), gout,
                                  (cq[-1], H, Dv), (H, cq[-1]), dt, device)
         rows = slice(cq[self.b], cq[self.b + 1])
-        got = result[rows].permute(1, 0, 2).unsqueeze(0)
+        got = self._own(result, rows).permute(1, 0, 2).unsqueeze(0)
         got_lse = None if lse is None else lse[:, rows].unsqueeze(0)
         return self._back(got, got_lse, out)
 
@@ -267,11 +287,18 @@ class Packed:
         seqlens = torch.tensor(lk, dtype=torch.int32, device=device)
         result, lse = self._call((gq.t, gk.t, gv.t, table.to(device), seqlens), kw, (gq, gk, gv), gout,
                                  (B, H, nq, Dv), (B, H, nq), dt, device)
-        got = result[self.b:self.b + 1]
+        got = self._own(result, slice(self.b, self.b + 1))
         got_lse = None if lse is None else lse[self.b:self.b + 1]
         return self._back(got, got_lse, out)
 
     # ---- shared ----
+
+    def _own(self, result, rows):
+        """result[rows], the judged sequence's part of the packed output; with autograd, through _OwnRows, so that
+        the other sequences' rows get an output gradient too."""
+        if not result.requires_grad:
+            return result[rows]
+        return _OwnRows.apply(result, rows, self.case.seed + 7 * self.b + 1)
 
     def _call(self, args, kw, inputs, gout, out_shape, lse_shape, dt, device):
         before = [g.flat.clone() for g in inputs]

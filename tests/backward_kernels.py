@@ -139,3 +139,29 @@ def paged_dv_scaled(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=F
     from examples.varlen_attention import attention_paged
     return attention_paged(q, k_cache, _GradTimes.apply(v_cache), block_table, cache_seqlens, causal=causal,
                            scale=scale, out=out, return_lse=return_lse)
+
+
+def varlen_dkv_from_the_next_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
+                                      causal=False, scale=None, out=None, return_lse=False):
+    """The plain varlen kernel, its forward exact; its backward adds each sequence's output gradient into the
+    previous sequence's dk and dv (a dK/dV loop over query rows bounded by the next sequence's offsets), and leaves
+    every dq right: a leak only a backward judged with every sequence's output gradient sees."""
+    from examples.varlen_attention import attention_varlen
+    res = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                           causal=causal, scale=scale, return_lse=return_lse)
+    o, lse = res if return_lse else (res, None)
+    if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        leak = torch.zeros_like(o)
+        for i in range(1, len(cq) - 1):
+            rows, keys = slice(cq[i], cq[i + 1]), slice(ck[i - 1], ck[i])
+            if cq[i + 1] > cq[i] and ck[i] > ck[i - 1]:
+                one = torch.tensor([0, cq[i + 1] - cq[i]], dtype=torch.int32, device=q.device)
+                two = torch.tensor([0, ck[i] - ck[i - 1]], dtype=torch.int32, device=q.device)
+                x = attention_varlen(q[rows].detach(), k[keys], v[keys], one, two, scale=scale)
+                leak[rows] = x - x.detach()         # 0 forward; the gradient of rows i into keys of i - 1
+        o = o + leak
+    if out is not None:
+        out.copy_(o)
+        o = out
+    return (o, lse) if return_lse else o

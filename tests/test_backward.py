@@ -122,3 +122,16 @@ def test_a_packed_kernels_backward_is_judged_sequence_by_sequence(correct, buggy
     first = bad.failures[0].verdict.failures[0]
     assert str(first.kind) == "gradient" and first.message.startswith("sequence ") \
         and f"backward: {gradient}:" in first.message, first.line()
+
+
+def test_a_backward_that_mixes_sequences_fails():
+    """A varlen backward that sums one sequence's output gradient into the previous sequence's dk and dv (its
+    forward exact, every dq right) fails: the packed adapter gives the other sequences' output rows a gradient of
+    their own, which a correct backward keeps out of the judged sequence's gradients (with zeros there, as a plain
+    slice gives, the leak was unseen)."""
+    only = "varlen_block_edges,varlen_empty_sequences"
+    bad = _verify(bk.varlen_dkv_from_the_next_sequence, only=only, dtypes="fp32")
+    assert bad.exit_code == 1, str(bad)
+    first = bad.failures[0].verdict.failures[0]
+    assert str(first.kind) == "gradient" and first.message.startswith("sequence ") \
+        and ("backward: dk:" in first.message or "backward: dv:" in first.message), first.line()
