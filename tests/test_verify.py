@@ -142,6 +142,24 @@ def test_jobs_judge_the_same_cases_with_the_same_verdicts(buggy, tmp_path):
         assert cols[1] == c["status"].upper(), (c, cols)
         if c["status"] == "fail":
             assert cols[3] == c["kind"], (c, cols)
+    # where the run's time went: each judged case's start (from the run's start), seconds and worker
+    timed = [c["timing"] for c in cases if c["status"] != "skip"]
+    assert timed and all(t["start"] >= 0 and t["seconds"] >= 0 and t["worker"] in (0, 1) for t in timed), timed
+    assert {t["worker"] for t in timed} == {0, 1}, "one of the two workers judged nothing"
+
+
+def test_heavy_cases_are_told_by_their_share_of_the_free_memory():
+    """engine._heavy: a case within a 2N-th of the free memory (N jobs) is light, one past it "one" (beside light
+    cases, never beside another such), one past half of it "alone"."""
+    from flashcheck.cases.case import Case
+    from flashcheck.cases.inputs import footprint
+    from flashcheck.cases.verify.engine import _heavy
+
+    small, big = Case("small", Nq=64, Nk=64, D=64), Case("big", B=4, H=16, Nq=4096, Nk=4096, D=128)
+    need = footprint(big)[0]
+    heavy = _heavy({"device_free": 3 * need, "host_free": None}, jobs=4)     # 2N-th: 3/8 of big's need
+    assert heavy(small) is None and heavy(big) == "one"
+    assert _heavy({"device_free": 1.5 * need, "host_free": None}, jobs=4)(big) == "alone"
 
 
 def test_jobs_keep_order_and_run_heavy_cases_alone():
