@@ -32,7 +32,8 @@ def _torch_without_bytecode():
 # directory, outside the source trees, for this process's later imports and for the processes it starts: the
 # suite's summed test time on the H200 went from 4020 s to 3128 s with it (beside two smaller changes). An
 # install with its bytecode is left as it is (a cache prefix would make Python ignore that bytecode).
-if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX") and _torch_without_bytecode():
+if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX") \
+        and _torch_without_bytecode():
     import sys
 
     from flashcheck.cases.runner.cache import default_dir  # (imports nothing heavy)

@@ -409,9 +409,10 @@ def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: Fal
     With one runner, one item after the other. With several (--jobs), up to one item per runner at once, each
     runner serving one item at a time. heavy(item) says how an item shares the machine (a case's memory):
     falsy, with any others; "one", with light items but never beside another "one" item; "alone" (or True), with
-    nothing: it waits until the items before it are done and runs by itself. key(item): what a kernel specialises on for that item (its shapes, dtype, flags): a runner
-    that becomes free takes, among the next items, one whose key it has met (its compile and autotune caches are
-    warm for it), else one whose key no runner has met, else the next one. The results' order never changes."""
+    nothing: it waits until the items before it are done and runs by itself. key(item): what a kernel specialises
+    on for that item (its shapes, dtype, flags): a runner that becomes free takes, among the next items, one whose
+    key it has met (its compile and autotune caches are warm for it), else one whose key no runner has met, else
+    the next one. The results' order never changes."""
     if len(runners) == 1:
         for item in items:
             if stopped():
