@@ -7,14 +7,16 @@ import math
 import torch
 
 
-def _forward_parts(q, k, v, causal, scale):
-    """P (B, Hq, Nq, Nk) and the output, GQA by repeating k and v (grouped map); rows that see no key are 0."""
+def _forward_parts(q, k, v, causal, scale, top_left=False):
+    """P (B, Hq, Nq, Nk) and the output, GQA by repeating k and v (grouped map); rows that see no key are 0.
+    top_left: the causal diagonal from the first key (a bug when Nq != Nk)."""
     g = q.shape[1] // k.shape[1]
     kx, vx = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
     s = torch.matmul(q.float(), kx.float().transpose(-1, -2)) * scale
     nq, nk = q.shape[2], k.shape[2]
     if causal:
-        seen = torch.arange(nk, device=q.device)[None, :] <= torch.arange(nq, device=q.device)[:, None] + nk - nq
+        offset = 0 if top_left else nk - nq
+        seen = torch.arange(nk, device=q.device)[None, :] <= torch.arange(nq, device=q.device)[:, None] + offset
         s = s.masked_fill(~seen, float("-inf"))
     m = s.amax(-1, keepdim=True).clamp_min(-1e30) if nk else s.sum(-1, keepdim=True)
     e = torch.exp(s - m)
@@ -28,13 +30,15 @@ class _Attention(torch.autograd.Function):
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         p, out, _, _, _ = _forward_parts(q, k, v, causal, scale)
         ctx.save_for_backward(q, k, v, p, out)
-        ctx.scale, ctx.bug = scale, bug
+        ctx.scale, ctx.bug, ctx.causal = scale, bug, causal
         return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, p, out = ctx.saved_tensors
         scale, bug = ctx.scale, ctx.bug
+        if bug == "backward_top_left_causal":   # P recomputed in the backward, with the other causal alignment
+            p, out, _, _, _ = _forward_parts(q, k, v, ctx.causal, scale, top_left=True)
         g = q.shape[1] // k.shape[1]
         kx, vx = k.repeat_interleave(g, 1).float(), v.repeat_interleave(g, 1).float()
         do = dout.float()
@@ -77,6 +81,9 @@ rowsum_of_dp = _buggy("rowsum_of_dp", "D_i = rowsum(dP) instead of rowsum(dO * O
 gqa_first_head_only = _buggy("gqa_first_head_only", "dK and dV of a kv head from the first query head of its group "
                                                     "only, not summed over the group")
 dv_from_transposed_heads = _buggy("dv_from_transposed_heads", "dV written to the kv heads in reverse order")
+backward_top_left_causal = _buggy("backward_top_left_causal", "the forward's causal mask bottom-right, the backward's "
+                                                              "(P recomputed from q and k) top-left: equal when "
+                                                              "Nq == Nk, wrong gradients otherwise")
 
 
 def forward_only(q, k, v, *, causal=False, scale=None):
