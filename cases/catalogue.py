@@ -219,7 +219,7 @@ CATALOGUE = [
              "default asked 273 KB of shared memory at 64 x 128; found by a generated case)",
          H=2, Nq=1, Nk=300, D=128, dtype="half", block_m=64, seed=71),
     # ---- protocol v3's optional features (cases/features.py): each case runs where the kernel has the feature ----
-    Case("gqa_groups_of_three", point=("nq_lt_nk",),
+    Case("gqa_groups_of_three", point=("batch_heads",),
          why="GQA, 6 query heads on 2 kv heads (groups of 3), B = 2 != H: a head map right only for some group sizes "
              "(h % Hkv for h // (H // Hkv), or the group counted as Hkv // H) reads the wrong kv head",
          B=2, H=6, Hkv=2, Nq=19, Nk=37, D=16, seed=80),
