@@ -7,6 +7,9 @@ device. A sticky CUDA error (illegal address) poisons a process for good: after 
 the worker exits, and pytest-xdist replaces it with a fresh one, so the tests that follow still run.
 """
 import os
+import sys
+
+from flashcheck.cases.runner.cache import default_dir  # (imports nothing heavy: torch waits for the backend)
 
 # under pytest-xdist each worker, and what it starts (verify's worker processes), gets its share of the host's
 # cores: N workers each running one OpenMP thread per core oversubscribe the machine (2 cores, the fp16 and bf16
@@ -34,10 +37,6 @@ def _torch_without_bytecode():
 # install with its bytecode is left as it is (a cache prefix would make Python ignore that bytecode).
 if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX") \
         and _torch_without_bytecode():
-    import sys
-
-    from flashcheck.cases.runner.cache import default_dir  # (imports nothing heavy)
-
     os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = os.path.join(default_dir(), "pycache")
     del os.environ["PYTHONDONTWRITEBYTECODE"]
     sys.dont_write_bytecode = False
@@ -51,8 +50,6 @@ BACKEND = select_backend()
 # Triton's default here, each kernel specialisation the tests share with a verify run compiled twice. Set before
 # Triton is imported; a TRITON_CACHE_DIR of the user's own stands.
 if BACKEND == "gpu":
-    from flashcheck.cases.runner.cache import default_dir  # noqa: E402,F811
-
     for _var, _sub in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
         os.environ.setdefault(_var, os.path.join(default_dir(), _sub))
 
