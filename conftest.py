@@ -75,9 +75,13 @@ def device():
     return "cuda" if BACKEND == "gpu" else "cpu"
 
 
-# Modules whose tests each take long (a verify run, a mutant's worker, a bench) go first and the many short tests
-# after them: under pytest-xdist a long test handed out near the end keeps one worker busy while the others are done
-# (on an H200 the fp32 precision shards, the last in the alphabet, ended the run alone). Collection order otherwise.
+# Modules whose tests each take long (a verify run, a mutant's worker, a bench). Under pytest-xdist's work stealing
+# (below) each worker is first handed a contiguous part of the collection and runs it from the front, while idle
+# workers steal from the back of the longest queue. So the long tests are dealt round-robin to the front of every
+# worker's part, most expensive module first, and the many short tests fill the parts' backs, where stealing
+# evens the end out. (Put in one block at the front, the long tests all went to one worker's part: on an H200 one
+# worker ran five of the eight fp32 precision shards one after another and the run ended 40 s after the others
+# were done.)
 _LONG_FIRST = ("test_precision", "test_verify_real", "test_verify", "test_plugin", "test_packed", "test_properties",
                "test_features", "test_bench", "test_gpu_runner", "test_tolerance", "test_mutants")
 
@@ -85,6 +89,32 @@ _LONG_FIRST = ("test_precision", "test_verify_real", "test_verify", "test_plugin
 def _start_rank(item):
     module = item.nodeid.partition("::")[0].rpartition("/")[2].removesuffix(".py")
     return _LONG_FIRST.index(module) if module in _LONG_FIRST else len(_LONG_FIRST)
+
+
+def first_parts(total, workers):
+    """The sizes of the contiguous parts pytest-xdist's work stealing first hands its workers (xdist's
+    WorkStealingScheduling.check_schedule: each idle worker in turn gets the pending items // the workers left)."""
+    sizes = []
+    for i in range(workers):
+        sizes.append((total - sum(sizes)) // (workers - i))
+    return sizes
+
+
+def dealt(items, rank, workers):
+    """items reordered so that each of the workers' first parts starts with its share of the long items (rank below
+    len(_LONG_FIRST)), dealt round-robin in rank order, and is filled up with the short ones in collection order."""
+    ordered = sorted(items, key=rank)        # stable: the order within a module stays
+    if workers < 2:
+        return ordered
+    long = [it for it in ordered if rank(it) < len(_LONG_FIRST)]
+    short = ordered[len(long):]
+    out = []
+    for i, size in enumerate(first_parts(len(ordered), workers)):
+        part = long[i::workers]
+        take = max(0, size - len(part))
+        out += part + short[:take]
+        short = short[take:]
+    return out + short
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -97,7 +127,10 @@ def pytest_cmdline_main(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_start_rank)      # stable: the order within a module stays
+    # in a worker the option reads as given on the command line ("no" when absent: pytest_cmdline_main above ran in
+    # the controller only, which then steals work)
+    stealing = config.getoption("dist", "no") in ("no", "worksteal")
+    items[:] = dealt(items, _start_rank, _WORKERS if stealing else 1)
     opt_in = pytest.mark.skip(reason="opt-in: select it with -m sanitizer (runs compute-sanitizer, slow)")
     gpu_only = pytest.mark.skip(reason="GPU only: needs the compiled backend (running on Triton's CPU interpreter)")
     for item in items:
