@@ -314,3 +314,31 @@ def test_an_fp16_accumulator_fails_the_large_accumulator_case(tmp_path):
     assert bad.returncode == 1, explain(bad)
     [case] = rep["cases"]
     assert case["status"] == "fail" and case["kind"] in ("NaN", "mismatch"), case
+
+
+def test_memory_that_runs_out_outside_the_kernel_call_is_not_a_failure(monkeypatch):
+    """An out-of-memory anywhere in judging (the inputs, the reference, a gradient), not only in the kernel call,
+    ends the case as "out of memory": nothing of the kernel was judged. It used to fail the case as an exception
+    that escaped the oracle (H200, flash-attn-triton: offsets_over_2_31[bf16], whose worker still held the memory
+    of the case before it). Any other exception that escapes still fails."""
+    import torch
+
+    from flashcheck.cases import catalogue
+    from flashcheck.cases.verify import judging
+    from flashcheck.kernel import fused
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.06 GiB.")
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug of ours")
+
+    case = catalogue.get("one_key")
+    settings = judging.Settings(target="fused")
+    monkeypatch.setattr(judging, "_judge", out_of_memory)
+    verdict = judging.judge_case(fused.attention, case, settings)
+    assert (verdict.status, verdict.failures) == ("out of memory", []), verdict.report()
+    assert "Tried to allocate 4.06 GiB" in verdict.note and not verdict.failed
+    monkeypatch.setattr(judging, "_judge", broken)
+    verdict = judging.judge_case(fused.attention, case, settings)
+    assert verdict.failed and "escaped the oracle: KeyError" in verdict.failures[0].message

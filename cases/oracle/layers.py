@@ -22,6 +22,7 @@ out of memory).
 """
 import contextlib
 import fcntl
+import gc
 import os
 import re
 import tempfile
@@ -404,6 +405,7 @@ def _one_huge_case_at_a_time():
             yield
         finally:
             if torch.cuda.is_initialized():
+                gc.collect()                      # tensors in reference cycles are held until collected
                 torch.cuda.empty_cache()          # hand the tens of GB back to the other processes
             fcntl.flock(lock, fcntl.LOCK_UN)
 

@@ -7,6 +7,7 @@
   3. with --repeat N, the same inputs N times: every output bit (and the log-sum-exp) must be the same;
   4. for a failing case, the error maps of the HTML report (cases/oracle/diagnose.py).
 """
+import gc
 from dataclasses import dataclass
 
 import torch
@@ -55,13 +56,22 @@ def judge_case(kernel, case, settings):
     except (Exception, SystemExit) as exc:  # noqa: BLE001
         verdict = oracle.Verdict(case, settings.target)
         kind, text = oracle.classify_exception(exc)
+        if oracle.is_out_of_memory(exc):
+            # memory ran out outside the kernel call (the case's inputs, the reference, a gradient): nothing of
+            # the kernel was judged, as when the call itself runs out (oracle.layers); never a failure of it
+            verdict.status, verdict.note = "out of memory", f"outside the kernel call: {text.splitlines()[0][:300]}"
+            return verdict
         verdict.fail(Failure(kind, f"escaped the oracle: {text.splitlines()[0][:500]}",
                              location=oracle.where_raised(exc)))
         return verdict
     finally:
         # verify --jobs lets a large case run beside others on what the light ones leave free (engine._heavy):
-        # the memory it took goes back to the device, not into this worker's cache for its next (light) case
+        # the memory it took goes back to the device, not into this worker's cache for its next (light) case.
+        # Collected first: tensors held in reference cycles (an exception's frames, a kernel's autograd graph) are
+        # not free until then, and empty_cache hands back only free blocks (an H200, flash-attn-triton: the
+        # fp16 case of offsets_over_2_31 left 110 GiB held in its worker, and the bf16 case after it ran out)
         if torch.cuda.is_initialized() and _device_bytes(case) > RELEASE:
+            gc.collect()
             torch.cuda.empty_cache()
 
 
