@@ -167,3 +167,24 @@ def test_progress_on_a_log_says_how_much_is_left():
     p.start(3, "case_c")
     line = stream.getvalue().strip().splitlines()[-1]
     assert line.startswith("[3/4] case_c (10 s, 0 failed so far, about 10 s left)"), line
+
+
+def test_one_failure_text_met_by_many_cases_is_said_once():
+    """Many failing cases with one exception's text are most often one bug met many times (tutorial 06 on an H200:
+    22 of 34 failures were one autotuner error): the summary says so, with the first case; numeric kinds
+    (mismatch) are never grouped, and texts that fewer than three cases share are not named."""
+    r = report.Run("tests:t", "CPU (test)", oracle.Capabilities())
+    raised = "AutotunerError: no valid autotuner configs after pruning"
+
+    def failed(name, kind, message):
+        v = oracle.Verdict(CASE.replace(name=name), r.target)
+        v.fail(oracle.Failure(kind, message))
+        return report.Result.of(v.case, v, "catalogue")
+
+    r.results = ([failed(f"short_{n}", Kind.EXCEPTION, f"{raised} (raised at autotuner.py:{n})") for n in range(4)]
+                 + [failed("d16", Kind.COMPILE_ERROR, "CompileTimeAssertionFailure")] * 2
+                 + [failed(f"m{n}", Kind.MISMATCH, "1 element(s) out of tolerance") for n in range(3)])
+    lines = report.kinds_line(r)
+    assert lines[0] == "failures by kind: 4 exception, 3 mismatch, 2 compile error"
+    assert lines[1:] == [f"4 failures share one exception, e.g. short_0: {raised}"]
+    assert lines[1] in report.text(r, quiet=True).splitlines()

@@ -155,7 +155,26 @@ def kinds_line(run):
             kinds[str(r.verdict.kind)] = kinds.get(str(r.verdict.kind), 0) + 1
     if sum(kinds.values()) < 2:
         return []
-    return ["failures by kind: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda x: -x[1]))]
+    return ["failures by kind: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda x: -x[1]))] \
+        + shared_failure_lines(run)
+
+
+# kinds whose message carries no figures of the case (an exception's text, a compile error's): one text in many
+# cases is one bug met many times (tutorial 06 on an H200: 22 of its 34 failures were one autotuner error)
+_TEXT_KINDS = ("exception", "compile error", "bad return", "timeout", "crash", "device fault")
+
+
+def shared_failure_lines(run, least=3):
+    """One line for each failure text that at least `least` failing cases share (kinds in _TEXT_KINDS; where it was
+    raised left out), most frequent first, with the first case that met it: most often one bug, met many times."""
+    groups = {}
+    for r in run.results:
+        if r.status == "fail" and r.verdict.failures and str(r.verdict.kind) in _TEXT_KINDS:
+            text = r.verdict.failures[0].message.split(" (raised at ")[0].strip()
+            groups.setdefault((str(r.verdict.kind), text), []).append(r.case.name)
+    shared = sorted(((k, t, names) for (k, t), names in groups.items() if len(names) >= least),
+                    key=lambda g: -len(g[2]))
+    return [f"{len(names)} failures share one {kind}, e.g. {names[0]}: {text[:200]}" for kind, text, names in shared]
 
 
 def outcome_lines(run):
