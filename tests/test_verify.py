@@ -231,6 +231,37 @@ def test_jobs_send_a_specialisation_back_to_the_runner_that_met_it():
     assert len(served) == 2 and {k for _, k in served} == {0, 1}, served
 
 
+def test_jobs_send_a_family_of_compiles_to_one_runner_and_new_ones_elsewhere():
+    """in_order's family (engine.compiled_alike: the lengths only as Triton specialises them): items whose keys all
+    differ but that share compiled kernels go back to the runner that met their family, and a free runner takes a
+    family no runner has met, so no two runners compile one specialisation at once (each is compiled by every
+    runner that meets it before the shared cache has it). Red when the family is ignored: the runners then take
+    the items in turn, and both meet both families."""
+    import threading
+
+    from flashcheck.cases.case import Case
+    from flashcheck.cases.verify.engine import compiled_alike, in_order
+
+    lock, served = threading.Lock(), set()
+    rounds = threading.Barrier(2, timeout=10)
+
+    def work(runner, item):
+        with lock:
+            served.add((runner, item % 2))
+        rounds.wait()
+        return item
+
+    items = list(range(16))
+    got = list(in_order(items, ["r0", "r1"], work, key=lambda i: i, family=lambda i: i % 2))
+    assert got == [(i, i) for i in items]
+    assert len(served) == 2 and {k for _, k in served} == {0, 1}, served
+    # lengths 37 and 45 compile alike (neither 1 nor a multiple of 16); 48, a causal mask, a dtype do not
+    base = Case("a", Nq=37, Nk=45)
+    assert compiled_alike(base) == compiled_alike(base.replace(Nq=45, Nk=37, B=3))
+    for other in (base.replace(Nk=48), base.replace(causal=True), base.replace(dtype="fp16"), base.replace(D=32)):
+        assert compiled_alike(other) != compiled_alike(base)
+
+
 def test_repro_line_reruns_the_failure_also_in_process(buggy):
     """The repro line, pasted back (here with --no-isolate, the debugging mode), gives the same failure."""
     line = next(ln for ln in buggy.stdout.splitlines() if "repro:" in ln and "hand_one_query_two_keys[fp32]" in ln)

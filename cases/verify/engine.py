@@ -403,15 +403,18 @@ def close_all(runners, kill=False):
         list(pool.map(lambda end: end(), ends))
 
 
-def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: False, key=lambda item: None):
+def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: False, key=lambda item: None,
+             family=lambda item: None):
     """(item, work(runner, item)) for each item, in the items' order, until stopped() says so.
 
     With one runner, one item after the other. With several (--jobs), up to one item per runner at once, each
     runner serving one item at a time. heavy(item) says how an item shares the machine (a case's memory):
     falsy, with any others; "one", with light items but never beside another "one" item; "alone" (or True), with
     nothing: it waits until the items before it are done and runs by itself. key(item): what a kernel specialises
-    on for that item (its shapes, dtype, flags): a runner that becomes free takes, among the next items, one whose
-    key it has met (its compile and autotune caches are warm for it), else one whose key no runner has met, else
+    on for that item (its shapes, dtype, flags); family(item): what items with different keys may still share (the
+    compiled kernels: the same code for other lengths). A runner that becomes free takes, among the next items,
+    one whose key it has met (its compile and autotune caches are warm for it), else one of a family it has met
+    (its compiles are), else one whose family and key no runner has met (a compile no other runner is doing), else
     the next one. The results' order never changes."""
     if len(runners) == 1:
         for item in items:
@@ -422,25 +425,29 @@ def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: Fal
     items = iter(items)
     lookahead = 8 * len(runners)        # how far past the oldest unfinished item a free runner may look
     cond = threading.Condition()
-    # [item, key, state, outcome, one] not yet yielded, oldest first; state new/run/done, outcome ("ok", value)
-    # or ("raised", exception) once done; one: heavy(item) said "one"
+    # [item, key, state, outcome, one, family] not yet yielded, oldest first; state new/run/done, outcome
+    # ("ok", value) or ("raised", exception) once done; one: heavy(item) said "one"
     window = collections.deque()
     met = {r: set() for r in runners}   # the keys each runner has judged
+    kin = {r: set() for r in runners}   # the families each runner has judged
     closing = [False]
 
     def pick(runner):
-        fresh = first = None
+        warm = fresh = first = None
         one_running = any(e[4] and e[2] == "run" for e in window)
         for entry in window:
             if entry[2] != "new" or (entry[4] and one_running):
                 continue
             if entry[1] is not None and entry[1] in met[runner]:
                 return entry
+            if warm is None and entry[5] is not None and entry[5] in kin[runner]:
+                warm = entry
             if first is None:
                 first = entry
-            if fresh is None and not any(entry[1] in keys for keys in met.values()):
+            if fresh is None and not any(entry[1] in keys for keys in met.values()) \
+                    and not any(entry[5] in fams for fams in kin.values()):
                 fresh = entry
-        return fresh or first
+        return warm or fresh or first
 
     def serve(runner):
         while True:
@@ -453,6 +460,8 @@ def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: Fal
                 entry[2] = "run"
                 if entry[1] is not None:
                     met[runner].add(entry[1])
+                if entry[5] is not None:
+                    kin[runner].add(entry[5])
             try:
                 outcome = ("ok", work(runner, entry[0]))
             except BaseException as exc:     # handed to the caller with its item
@@ -486,7 +495,7 @@ def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: Fal
                     if how and how != "one":
                         waiting_heavy = item
                         break
-                    window.append([item, key(item), "new", None, how == "one"])
+                    window.append([item, key(item), "new", None, how == "one", family(item)])
                     cond.notify_all()
                 if window:
                     while window[0][2] != "done" and not stopped():
@@ -523,6 +532,22 @@ def specialisation(case):
     head dims). Cases with one value share a warm worker under --jobs (in_order)."""
     return (case.dtype, case.B, case.H, case.kv_heads, case.Nq, case.Nk, case.D, case.v_dim, case.causal, case.layout,
             case.window, case.softcap is not None, case.alibi is not None, case.seqlens, case.page_size)
+
+
+def _divisibility(n):
+    """How Triton specialises an integer argument: 1, a multiple of 16, or neither."""
+    return 1 if n == 1 else 16 if n % 16 == 0 else 0
+
+
+def compiled_alike(case):
+    """What cases of other shapes may share of a kernel's compiles (in_order's family): dtype, head dims, layout,
+    flags, tiles, and the lengths only as Triton specialises them (1, a multiple of 16, neither). A compile takes
+    seconds of one core, and a new specialisation met by several runners at once is compiled by each (the compile
+    cache is shared only once written): so a free runner first takes the cases of compiles no other runner is
+    doing."""
+    return (case.dtype, _divisibility(case.Nq), _divisibility(case.Nk), case.D, case.v_dim, case.H != case.kv_heads,
+            case.causal, case.layout, case.window is not None, case.softcap is not None, case.alibi is not None,
+            case.seqlens is not None, case.page_size, case.block_m, case.block_n, (case.scale or 0) < 0)
 
 
 def _heavy(info, jobs):
@@ -675,7 +700,8 @@ def run(req, on_result=None):
             verdicts = []             # the generated cases', in drawn order
             for item, value in in_order(items(), runners, work, lambda item: not item[2][2] and heavy(item[2][0]),
                                         lambda: the_run.stopped,
-                                        lambda item: None if item[2][2] else specialisation(item[2][0])):
+                                        lambda item: None if item[2][2] else specialisation(item[2][0]),
+                                        lambda item: None if item[2][2] else compiled_alike(item[2][0])):
                 if item[0] == "generated":
                     verdicts.append(value)
                 else:
