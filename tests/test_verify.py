@@ -206,17 +206,15 @@ def test_jobs_keep_order_and_run_heavy_cases_alone():
     assert seen == [0, 1, 2]
 
 
-def test_jobs_send_a_specialisation_back_to_the_runner_that_met_it():
-    """in_order's key: a runner takes, among the next items, one whose key it has already judged (its compile and
-    autotune caches are warm), so two interleaved specialisations on two runners stay one per runner (each key
-    once cold, not once per runner), and the results keep the items' order."""
+def _two_runners_in_step(**affinity):
+    """in_order over items 0..15 of two kinds (i % 2) on two runners that go in step, one item each per round (else
+    a runner that got ahead, its own kind's items done, rightly takes the other's next one rather than idle: a race
+    on a loaded machine, not a wrong pick). Checks the results' order; returns the (runner, kind) pairs served."""
     import threading
 
     from flashcheck.cases.verify.engine import in_order
 
     lock, served = threading.Lock(), set()
-    # the runners go in step, one item each per round (else a runner that got ahead, its own key's items done,
-    # rightly takes the other's next one rather than idle: a race, on a loaded machine, not a wrong pick)
     rounds = threading.Barrier(2, timeout=10)
 
     def work(runner, item):
@@ -226,8 +224,15 @@ def test_jobs_send_a_specialisation_back_to_the_runner_that_met_it():
         return item
 
     items = list(range(16))
-    got = list(in_order(items, ["r0", "r1"], work, key=lambda i: i % 2))
-    assert got == [(i, i) for i in items]
+    assert list(in_order(items, ["r0", "r1"], work, **affinity)) == [(i, i) for i in items]
+    return served
+
+
+def test_jobs_send_a_specialisation_back_to_the_runner_that_met_it():
+    """in_order's key: a runner takes, among the next items, one whose key it has already judged (its compile and
+    autotune caches are warm), so two interleaved specialisations on two runners stay one per runner (each key
+    once cold, not once per runner), and the results keep the items' order."""
+    served = _two_runners_in_step(key=lambda i: i % 2)
     assert len(served) == 2 and {k for _, k in served} == {0, 1}, served
 
 
@@ -237,23 +242,10 @@ def test_jobs_send_a_family_of_compiles_to_one_runner_and_new_ones_elsewhere():
     family no runner has met, so no two runners compile one specialisation at once (each is compiled by every
     runner that meets it before the shared cache has it). Red when the family is ignored: the runners then take
     the items in turn, and both meet both families."""
-    import threading
-
     from flashcheck.cases.case import Case
-    from flashcheck.cases.verify.engine import compiled_alike, in_order
+    from flashcheck.cases.verify.engine import compiled_alike
 
-    lock, served = threading.Lock(), set()
-    rounds = threading.Barrier(2, timeout=10)
-
-    def work(runner, item):
-        with lock:
-            served.add((runner, item % 2))
-        rounds.wait()
-        return item
-
-    items = list(range(16))
-    got = list(in_order(items, ["r0", "r1"], work, key=lambda i: i, family=lambda i: i % 2))
-    assert got == [(i, i) for i in items]
+    served = _two_runners_in_step(key=lambda i: i, family=lambda i: i % 2)
     assert len(served) == 2 and {k for _, k in served} == {0, 1}, served
     # lengths 37 and 45 compile alike (neither 1 nor a multiple of 16); 48, a causal mask, a dtype do not
     base = Case("a", Nq=37, Nk=45)
