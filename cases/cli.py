@@ -14,7 +14,6 @@ import importlib
 import os
 import sys
 
-from flashcheck.cases import catalogue
 from flashcheck.cases.backend import BackendError, select_backend
 
 SUBCOMMANDS = {
@@ -32,6 +31,8 @@ def add_arguments(parser):
 
 
 def run(args):
+    from flashcheck.cases import catalogue   # torch: after the backend is chosen
+
     for c in catalogue.CATALOGUE + catalogue.PACKED:
         if args.gpu_only and not c.gpu_only:
             continue

@@ -353,6 +353,21 @@ def test_usage_errors_exit_2(args, words):
     assert proc.stdout == ""
 
 
+def test_help_and_a_usage_error_answer_before_torch_is_imported():
+    """`flashcheck verify --help`, `flashcheck --help` and a usage error found while parsing import neither torch nor
+    Triton: importing torch took 4 to 6 s on the H200 image (it has no bytecode for torch), spent before argparse
+    could say a word."""
+    probe = ("import sys\nfrom flashcheck.cases.cli import main\n"
+             "for argv in ({argvs}):\n"
+             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+             "print('heavy:', sorted(m for m in ('torch', 'triton', 'hypothesis', 'numpy') if m in sys.modules))")
+    argvs = "['verify', '--help'], ['--help'], ['cases', '--help'], ['verify', '--jobs', 'many']"
+    proc = subprocess.run([sys.executable, "-c", probe.format(argvs=argvs)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "heavy: []" in proc.stdout, explain(proc)
+    assert "expected a number or 'auto', got 'many'" in proc.stderr, explain(proc)
+
+
 def test_help_names_every_declaration():
     """--help renders (a help text with a bare % once made argparse raise instead of printing it), and every
     declaration has its flag there."""

@@ -10,17 +10,16 @@ are declared, by the flags below or by the kernel itself (flashcheck.declare), a
 listed as skipped with the reason.
 
 Exit status: 0 every judged case passed; 1 a case failed; 2 a usage or import error, or nothing judged.
-Nothing here imports Triton or the kernel before run(): the backend is chosen after argument parsing.
+Nothing here imports torch, Triton or the kernel before run(): the backend is chosen after argument parsing, and
+`--help` or a usage error that argparse finds answers at once (importing torch takes seconds on some machines).
 """
 import argparse
 import sys
 import traceback
 
-from flashcheck.cases import report
 from flashcheck.cases.declarations import FIELDS
-from flashcheck.cases.runner.target import TargetError
-from flashcheck.cases.verify import engine
-from flashcheck.cases.verify.engine import DEFAULT_EXAMPLES, DEFAULT_TARGET, MAX_AUTO_JOBS, Request, UsageError
+from flashcheck.cases.errors import UsageError
+from flashcheck.cases.verify.defaults import DEFAULT_EXAMPLES, DEFAULT_TARGET, MAX_AUTO_JOBS
 
 
 def add_arguments(parser):
@@ -113,6 +112,8 @@ def _jobs(text):
 
 
 def request(args):
+    from flashcheck.cases.verify.engine import Request   # torch: after the arguments and the backend are settled
+
     declarations = {f.name: getattr(args, f.name) for f in FIELDS if getattr(args, f.name) is not None}
     return Request(target=args.target, declarations=declarations, only=tuple(args.only),
                    keyword=tuple(args.keyword), exclude=tuple(args.exclude), cases=tuple(args.cases),
@@ -129,6 +130,10 @@ INTERNAL_ERROR = 3
 
 
 def run(args):
+    from flashcheck.cases import report
+    from flashcheck.cases.runner.target import TargetError
+    from flashcheck.cases.verify import engine
+
     req = request(args)
     try:
         the_run = engine.run(req)

@@ -26,11 +26,10 @@ from flashcheck.cases.runner.cache import Cache
 from flashcheck.cases.runner.target import split_target
 from flashcheck.cases.runner.worker import Died, Hung, InProcess, Raised, Worker
 from flashcheck.cases.verify import generated, shard
+from flashcheck.cases.verify.defaults import DEFAULT_EXAMPLES, DEFAULT_TARGET, MAX_AUTO_JOBS
 from flashcheck.cases.verify.judging import MEMORY_CASE, Settings, judges_backward, memory_case
 
-DEFAULT_TARGET = "flashcheck.kernel.fused:attention"
 DEFAULT_TIMEOUT = {"cpu": 120.0, "gpu": 60.0}   # seconds per case; the interpreter is much slower
-DEFAULT_EXAMPLES = 25   # generated cases judged after the whole catalogue (derandomized: the same every run)
 JUDGE = "flashcheck.cases.verify.judging:judge_case"
 TRITON_BF16 = "Triton's interpreter reads bfloat16 wrongly (triton 3.9): bf16 of a Triton kernel needs the GPU"
 
@@ -243,9 +242,6 @@ def _check_head_dims(decl):
     if decl.head_dims and not any(decl.head_dim_ok(d) for d in range(1, 257)):
         raise UsageError(f"--head-dims {ranges_text(decl.head_dims)}: the head dims {ranges_text(decl.head_dims)} "
                          "are outside 1..256, the range of flashcheck's catalogue and generated cases")
-
-
-MAX_AUTO_JOBS = 16        # worker processes at most by default (each holds a CUDA context on the GPU)
 
 
 def auto_jobs(req, most):
