@@ -100,17 +100,36 @@ def first_parts(total, workers):
     return sizes
 
 
-def dealt(items, rank, workers):
+def one_worker(item):
+    """The name of an item's `one_worker` mark (tests that run one after the other in one worker), or None."""
+    mark = item.get_closest_marker("one_worker") if hasattr(item, "get_closest_marker") else None
+    return mark.args[0] if mark else None
+
+
+def dealt(items, rank, workers, together=one_worker):
     """items reordered so that each of the workers' first parts starts with its share of the long items (rank below
-    len(_LONG_FIRST)), dealt round-robin in rank order, and is filled up with the short ones in collection order."""
+    len(_LONG_FIRST)), dealt round-robin in rank order, and is filled up with the short ones in collection order.
+    Long items that together(item) names alike are dealt as one, in their order, to one part: the fp32 precision
+    shards of one kernel path share most of their compiles, which concurrent shards each did anew (H200: their
+    summed time 261 s when one worker happened to run them in a row, 483 s when each started on its own worker)."""
     ordered = sorted(items, key=rank)        # stable: the order within a module stays
     if workers < 2:
         return ordered
     long = [it for it in ordered if rank(it) < len(_LONG_FIRST)]
     short = ordered[len(long):]
+    units, by_name = [], {}
+    for it in long:
+        name = together(it)
+        if name is None:
+            units.append([it])
+        elif name in by_name:
+            by_name[name].append(it)
+        else:
+            by_name[name] = [it]
+            units.append(by_name[name])
     out = []
     for i, size in enumerate(first_parts(len(ordered), workers)):
-        part = long[i::workers]
+        part = [it for unit in units[i::workers] for it in unit]
         take = max(0, size - len(part))
         out += part + short[:take]
         short = short[take:]

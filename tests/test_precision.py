@@ -51,13 +51,15 @@ def test_tf32x3_passes_the_fp32_tolerance_where_tf32_fails(record_property):
 
 
 # a verify of one Triton kernel's whole fp32 catalogue is compile-bound (one worker: 190 s on an H200, four: 175 s
-# beside the rest of the suite): cut in shards (verify --shard, by stable case ids), the suite's workers share it
+# beside the rest of the suite): cut in shards (verify --shard, by stable case ids) that run one after the other in
+# one xdist worker (conftest.dealt), each after the first finding most of its compiles in the shared cache
 SHARDS = 4
 
 
 @pytest.mark.parametrize("shard", range(1, SHARDS + 1))
-@pytest.mark.parametrize("target", ["flashcheck.kernel.fused:attention_tf32x3", "tests.fused_paths:attention_ieee_fma"],
-                         ids=["tf32x3", "ieee_fma"])
+@pytest.mark.parametrize("target", [
+    pytest.param("flashcheck.kernel.fused:attention_tf32x3", id="tf32x3", marks=pytest.mark.one_worker("tf32x3")),
+    pytest.param("tests.fused_paths:attention_ieee_fma", id="ieee_fma", marks=pytest.mark.one_worker("ieee_fma"))])
 def test_fp32_paths_pass_every_fp32_catalogue_case(target, shard):
     """The whole fp32 catalogue and its properties, judged by verify, on tf32x3 (three tf32 products per multiply)
     and on the FMA path of "ieee" (what GPUs other than the H200's kind run). No generated cases: each is a shape

@@ -20,3 +20,19 @@ def test_long_tests_are_dealt_to_the_front_of_every_workers_part():
         assert part[:len(longs)] == longs                                       # at the front of the part
     assert [it for it in out if it.startswith("short")] == [f"short{i}" for i in range(n_short)]
     assert conftest.dealt(items, rank, 1) == sorted(items, key=rank)            # one worker: long first, that is all
+
+
+def test_long_tests_named_to_share_one_worker_are_dealt_as_one_in_their_order():
+    """one_worker(name): the fp32 precision shards of one kernel path go to one worker's part, one after the other
+    (each after the first finds most of its compiles in the cache), not one to each worker at once."""
+    items = [f"short{i}" for i in range(20)] + ["a1", "b1", "a2", "b2", "solo", "a3"]
+    rank = lambda it: len(conftest._LONG_FIRST) if it.startswith("short") else 0        # noqa: E731
+    together = lambda it: it[0] if it[0] in "ab" else None                              # noqa: E731
+    out = conftest.dealt(items, rank, 3, together)
+    assert sorted(out) == sorted(items)
+    parts, start = [], 0
+    for size in conftest.first_parts(len(out), 3):
+        parts.append(out[start:start + size])
+        start += size
+    assert [p[:3] for p in parts] == [["a1", "a2", "a3"], ["b1", "b2", "short5"], ["solo", "short12", "short13"]]
+
