@@ -31,7 +31,7 @@ def add_arguments(parser):
 
 
 def run(args):
-    from flashcheck.cases import catalogue   # torch: after the backend is chosen
+    from flashcheck.cases import catalogue   # lazy: it imports torch, which must wait for the backend choice
 
     for c in catalogue.CATALOGUE + catalogue.PACKED:
         if args.gpu_only and not c.gpu_only:

@@ -112,7 +112,7 @@ def _jobs(text):
 
 
 def request(args):
-    from flashcheck.cases.verify.engine import Request   # torch: after the arguments and the backend are settled
+    from flashcheck.cases.verify.engine import Request   # lazy: torch, once the arguments and backend are settled
 
     declarations = {f.name: getattr(args, f.name) for f in FIELDS if getattr(args, f.name) is not None}
     return Request(target=args.target, declarations=declarations, only=tuple(args.only),
@@ -130,6 +130,7 @@ INTERNAL_ERROR = 3
 
 
 def run(args):
+    # lazy: these import torch, which --help and argparse's usage errors never need (module docstring)
     from flashcheck.cases import report
     from flashcheck.cases.runner.target import TargetError
     from flashcheck.cases.verify import engine
