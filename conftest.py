@@ -102,11 +102,11 @@ def first_parts(total, workers):
 
 def one_worker(item):
     """The name of an item's `one_worker` mark (tests that run one after the other in one worker), or None."""
-    mark = item.get_closest_marker("one_worker") if hasattr(item, "get_closest_marker") else None
+    mark = item.get_closest_marker("one_worker")
     return mark.args[0] if mark else None
 
 
-def dealt(items, rank, workers, together=one_worker):
+def dealt(items, rank, workers, together=lambda item: None):
     """items reordered so that each of the workers' first parts starts with its share of the long items (rank below
     len(_LONG_FIRST)), dealt round-robin in rank order, and is filled up with the short ones in collection order.
     Long items that together(item) names alike are dealt as one, in their order, to one part: the fp32 precision
@@ -149,7 +149,7 @@ def pytest_collection_modifyitems(config, items):
     # in a worker the option reads as given on the command line ("no" when absent: pytest_cmdline_main above ran in
     # the controller only, which then steals work)
     stealing = config.getoption("dist", "no") in ("no", "worksteal")
-    items[:] = dealt(items, _start_rank, _WORKERS if stealing else 1)
+    items[:] = dealt(items, _start_rank, _WORKERS if stealing else 1, one_worker)
     opt_in = pytest.mark.skip(reason="opt-in: select it with -m sanitizer (runs compute-sanitizer, slow)")
     gpu_only = pytest.mark.skip(reason="GPU only: needs the compiled backend (running on Triton's CPU interpreter)")
     for item in items:

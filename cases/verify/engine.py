@@ -522,14 +522,6 @@ def in_order(items, runners, work, heavy=lambda item: False, stopped=lambda: Fal
                 t.join()
 
 
-def specialisation(case):
-    """What a kernel is likely to compile or autotune anew for: the case's shapes, dtype, layout and feature flags
-    (a Triton kernel specialises on its constexprs and its integers' divisibility, an autotuner keys on lengths and
-    head dims). Cases with one value share a warm worker under --jobs (in_order)."""
-    return (case.dtype, case.B, case.H, case.kv_heads, case.Nq, case.Nk, case.D, case.v_dim, case.causal, case.layout,
-            case.window, case.softcap is not None, case.alibi is not None, case.seqlens, case.page_size)
-
-
 def _divisibility(n):
     """How Triton specialises an integer argument: 1, a multiple of 16, or neither."""
     return 1 if n == 1 else 16 if n % 16 == 0 else 0
@@ -544,6 +536,13 @@ def compiled_alike(case):
     return (case.dtype, _divisibility(case.Nq), _divisibility(case.Nk), case.D, case.v_dim, case.H != case.kv_heads,
             case.causal, case.layout, case.window is not None, case.softcap is not None, case.alibi is not None,
             case.seqlens is not None, case.page_size, case.block_m, case.block_n, (case.scale or 0) < 0)
+
+
+def specialisation(case):
+    """What a kernel is likely to compile or autotune anew for: what compiles alike (compiled_alike) and the exact
+    shapes (a Triton kernel specialises on its constexprs and its integers' divisibility, an autotuner keys on lengths
+    and head dims). Cases with one value share a warm worker under --jobs (in_order)."""
+    return compiled_alike(case) + (case.B, case.H, case.kv_heads, case.Nq, case.Nk, case.window, case.seqlens)
 
 
 def _heavy(info, jobs):
