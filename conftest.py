@@ -75,20 +75,33 @@ def device():
     return "cuda" if BACKEND == "gpu" else "cpu"
 
 
-# Modules whose tests each take long (a verify run, a mutant's worker, a bench). Under pytest-xdist's work stealing
-# (below) each worker is first handed a contiguous part of the collection and runs it from the front, while idle
-# workers steal from the back of the longest queue. So the long tests are dealt round-robin to the front of every
-# worker's part, most expensive module first, and the many short tests fill the parts' backs, where stealing
-# evens the end out. (Put in one block at the front, the long tests all went to one worker's part: on an H200 one
-# worker ran five of the eight fp32 precision shards one after another and the run ended 40 s after the others
-# were done.)
-_LONG_FIRST = ("test_precision", "test_verify_real", "test_verify", "test_plugin", "test_packed", "test_properties",
-               "test_features", "test_bench", "test_gpu_runner", "test_tolerance", "test_mutants")
+# The tests that each take long (a verify run, a mutant's worker, a bench), with the seconds each took in a whole run
+# of the suite on this backend (tests/durations/<backend>.json, written from a run's JUnit XML by
+# scripts/suite_durations.py; a test not listed counts as short). Under pytest-xdist's work stealing (below) each
+# worker is first handed a contiguous part of the collection and runs it from the front, while idle workers steal
+# from the back of the longest queue. So the long tests are dealt to the fronts of the workers' parts, the costliest
+# first, each to the part with the least long work so far, and the many short tests fill the parts' backs, where
+# stealing evens the end out. (Put in one block at the front, the long tests all went to one worker's part: on an
+# H200 one worker ran five of the eight fp32 precision shards one after another and the run ended 40 s after the
+# others were done. Dealt round-robin by module, the two workers that each ran a group of four precision shards
+# (125 s) were also dealt five more long tests each, and the run ended 8 to 15 s after most workers.)
+def _durations():
+    import json
+
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests", "durations")
+    try:
+        with open(os.path.join(here, f"{BACKEND}.json")) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
 
 
-def _start_rank(item):
-    module = item.nodeid.partition("::")[0].rpartition("/")[2].removesuffix(".py")
-    return _LONG_FIRST.index(module) if module in _LONG_FIRST else len(_LONG_FIRST)
+_SECONDS = _durations()
+
+
+def _cost(item):
+    """The seconds a long test took in the recorded run, 0 for a short one."""
+    return _SECONDS.get(item.nodeid, 0)
 
 
 def first_parts(total, workers):
@@ -106,19 +119,19 @@ def one_worker(item):
     return mark.args[0] if mark else None
 
 
-def dealt(items, rank, workers, together=lambda item: None):
-    """items reordered so that each of the workers' first parts starts with its share of the long items (rank below
-    len(_LONG_FIRST)), dealt round-robin in rank order, and is filled up with the short ones in collection order.
-    Long items that together(item) names alike are dealt as one, in their order, to one part: the fp32 precision
-    shards of one kernel path share most of their compiles, which concurrent shards each did anew (H200: their
-    summed time 261 s when one worker happened to run them in a row, 483 s when each started on its own worker)."""
-    ordered = sorted(items, key=rank)        # stable: the order within a module stays
-    if workers < 2:
-        return ordered
-    long = [it for it in ordered if rank(it) < len(_LONG_FIRST)]
-    short = ordered[len(long):]
-    units, by_name = [], {}
-    for it in long:
+def dealt(items, cost, workers, together=lambda item: None):
+    """items reordered so that each of the workers' first parts starts with its share of the long items (cost above
+    0), and is filled up with the short ones in collection order. The long items are dealt the costliest first, each
+    to the part with the least long cost so far (the first such part on a tie), and run in that order. Long items
+    that together(item) names alike are dealt as one unit of their summed cost, in their order, to one part: the fp32
+    precision shards of one kernel path share most of their compiles, which concurrent shards each did anew (H200:
+    their summed time 261 s when one worker happened to run them in a row, 483 s when each started on its own
+    worker). With one worker: the long items first, costliest first, then the short ones."""
+    units, by_name, short = [], {}, []
+    for it in items:
+        if not cost(it):
+            short.append(it)
+            continue
         name = together(it)
         if name is None:
             units.append([it])
@@ -127,9 +140,16 @@ def dealt(items, rank, workers, together=lambda item: None):
         else:
             by_name[name] = [it]
             units.append(by_name[name])
+    units.sort(key=lambda unit: -sum(cost(it) for it in unit))        # stable: equal costs keep their order
+    if workers < 2:
+        return [it for unit in units for it in unit] + short
+    parts, load = [[] for _ in range(workers)], [0.0] * workers
+    for unit in units:
+        i = min(range(workers), key=lambda j: load[j])
+        parts[i] += unit
+        load[i] += sum(cost(it) for it in unit)
     out = []
-    for i, size in enumerate(first_parts(len(ordered), workers)):
-        part = [it for unit in units[i::workers] for it in unit]
+    for part, size in zip(parts, first_parts(len(items), workers)):
         take = max(0, size - len(part))
         out += part + short[:take]
         short = short[take:]
@@ -149,7 +169,7 @@ def pytest_collection_modifyitems(config, items):
     # in a worker the option reads as given on the command line ("no" when absent: pytest_cmdline_main above ran in
     # the controller only, which then steals work)
     stealing = config.getoption("dist", "no") in ("no", "worksteal")
-    items[:] = dealt(items, _start_rank, _WORKERS if stealing else 1, one_worker)
+    items[:] = dealt(items, _cost, _WORKERS if stealing else 1, one_worker)
     opt_in = pytest.mark.skip(reason="opt-in: select it with -m sanitizer (runs compute-sanitizer, slow)")
     gpu_only = pytest.mark.skip(reason="GPU only: needs the compiled backend (running on Triton's CPU interpreter)")
     for item in items:

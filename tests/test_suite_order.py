@@ -3,36 +3,50 @@ first part, so no worker is handed a queue of them while the others run short on
 import conftest
 
 
-def test_long_tests_are_dealt_to_the_front_of_every_workers_part():
-    n_long, n_short, workers = 7, 30, 3
-    items = [f"short{i}" for i in range(n_short)] + [f"long{i}" for i in range(n_long)]
-    rank = lambda it: 0 if it.startswith("long") else len(conftest._LONG_FIRST)       # noqa: E731
-    out = conftest.dealt(items, rank, workers)
-    assert sorted(out) == sorted(items)
+def _parts(out, workers):
     parts, start = [], 0
     for size in conftest.first_parts(len(out), workers):
         parts.append(out[start:start + size])
         start += size
+    return parts
+
+
+def test_long_tests_are_dealt_to_the_front_of_every_workers_part():
+    n_long, n_short, workers = 7, 30, 3
+    items = [f"short{i}" for i in range(n_short)] + [f"long{i}" for i in range(n_long)]
+    cost = lambda it: 1 if it.startswith("long") else 0       # noqa: E731
+    out = conftest.dealt(items, cost, workers)
+    assert sorted(out) == sorted(items)
+    parts = _parts(out, workers)
     assert [len(p) for p in parts] == [12, 12, 13]
     for i, part in enumerate(parts):
         longs = [it for it in part if it.startswith("long")]
-        assert longs == [f"long{j}" for j in range(i, n_long, workers)]       # round-robin, in rank order
+        assert longs == [f"long{j}" for j in range(i, n_long, workers)]       # equal costs: round-robin, in order
         assert part[:len(longs)] == longs                                       # at the front of the part
     assert [it for it in out if it.startswith("short")] == [f"short{i}" for i in range(n_short)]
-    assert conftest.dealt(items, rank, 1) == sorted(items, key=rank)            # one worker: long first, that is all
+    assert conftest.dealt(items, cost, 1) == items[n_short:] + items[:n_short]  # one worker: long first, that is all
+
+
+def test_long_tests_go_costliest_first_to_the_part_with_the_least_long_work():
+    """A worker handed one very long test is not also handed its round-robin share of the other long ones (on an
+    H200 two workers that each ran 125 s of precision shards then ran five more long tests each and ended the suite
+    last)."""
+    items = ["short0", "m1", "huge", "m2", "m3", "m4", "small", "short1", "short2", "short3", "short4", "short5"]
+    costs = {"huge": 10, "m1": 3, "m2": 3, "m3": 3, "m4": 3, "small": 1}
+    out = conftest.dealt(items, lambda it: costs.get(it, 0), 2)
+    parts = _parts(out, 2)
+    assert parts[0][:1] == ["huge"] and parts[1][:4] == ["m1", "m2", "m3", "m4"]
+    assert "small" in parts[0][:2]          # part 0 (10 s) got it after part 1 reached 12 s
+    assert [it for it in out if it.startswith("short")] == [f"short{i}" for i in range(6)]
 
 
 def test_long_tests_named_to_share_one_worker_are_dealt_as_one_in_their_order():
     """one_worker(name): the fp32 precision shards of one kernel path go to one worker's part, one after the other
     (each after the first finds most of its compiles in the cache), not one to each worker at once."""
     items = [f"short{i}" for i in range(20)] + ["a1", "b1", "a2", "b2", "solo", "a3"]
-    rank = lambda it: len(conftest._LONG_FIRST) if it.startswith("short") else 0        # noqa: E731
+    cost = lambda it: 0 if it.startswith("short") else 1        # noqa: E731
     together = lambda it: it[0] if it[0] in "ab" else None                              # noqa: E731
-    out = conftest.dealt(items, rank, 3, together)
+    out = conftest.dealt(items, cost, 3, together)
     assert sorted(out) == sorted(items)
-    parts, start = [], 0
-    for size in conftest.first_parts(len(out), 3):
-        parts.append(out[start:start + size])
-        start += size
-    assert [p[:3] for p in parts] == [["a1", "a2", "a3"], ["b1", "b2", "short5"], ["solo", "short12", "short13"]]
+    assert [p[:3] for p in _parts(out, 3)] == [["a1", "a2", "a3"], ["b1", "b2", "short5"], ["solo", "short12", "short13"]]
 
