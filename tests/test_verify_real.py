@@ -342,3 +342,41 @@ def test_memory_that_runs_out_outside_the_kernel_call_is_not_a_failure(monkeypat
     monkeypatch.setattr(judging, "_judge", broken)
     verdict = judging.judge_case(fused.attention, case, settings)
     assert verdict.failed and "escaped the oracle: KeyError" in verdict.failures[0].message
+
+
+def test_a_cuda_error_reported_after_the_kernel_calls_is_a_device_fault_of_that_case(monkeypatch):
+    """A kernel's illegal address surfaces at a later CUDA call (kernels run asynchronously): here, handing a large
+    case's memory back to the device. It fails that case as a device fault, and nothing escapes judge_case (an H200,
+    sageattention 1.0.6, offsets_over_2_31[bf16]: it escaped as an exception of the oracle's own). An exception that
+    escaped a worker's judging and names a CUDA error is a device fault too."""
+    import torch
+
+    from flashcheck.cases import catalogue
+    from flashcheck.cases.oracle import Kind
+    from flashcheck.cases.runner.worker import Raised
+    from flashcheck.cases.verify import engine, judging
+    from flashcheck.kernel import fused
+
+    text = "CUDA error: an illegal memory access was encountered"
+
+    def illegal_address():
+        raise getattr(torch, "AcceleratorError", RuntimeError)(text)
+
+    case = catalogue.get("one_key")
+    settings = judging.Settings(target="fused")
+    passed = judging.judge_case(fused.attention, case, settings)
+    assert not passed.failed, passed.report()
+    monkeypatch.setattr(judging, "_judge", lambda *args, **kwargs: passed)
+    monkeypatch.setattr(judging, "_device_bytes", lambda case: 2 * judging.RELEASE)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", illegal_address)
+    verdict = judging.judge_case(fused.attention, case, settings)
+    assert verdict.failed and verdict.kind == Kind.DEVICE_FAULT, verdict.report()
+    assert "handing its memory back raised" in verdict.failures[0].message
+
+    class Runner:
+        timeout = None
+
+        def call(self, *args, **kwargs):
+            raise Raised(f'  File "judging.py", line 75, in judge_case\ntorch.AcceleratorError: {text}')
+    assert engine.judge(Runner(), case, settings).kind == Kind.DEVICE_FAULT

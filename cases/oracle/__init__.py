@@ -8,7 +8,8 @@
 Everything a caller needs is importable from here: `from flashcheck.cases import oracle; oracle.judge(...)`.
 """
 from flashcheck.cases import inputs as inp  # noqa: F401  (tests reach the case's values through here)
-from flashcheck.cases.oracle.kinds import Kind, Unsupported, classify_death, classify_exception, is_out_of_memory  # noqa: F401
+from flashcheck.cases.oracle.kinds import (  # noqa: F401
+    Kind, Unsupported, classify_death, classify_escaped, classify_exception, is_out_of_memory)
 from flashcheck.cases.oracle.layers import (  # noqa: F401
                                            Call,
                                            Conventions,

@@ -75,6 +75,12 @@ def classify_exception(exc):
     return Kind.EXCEPTION, text
 
 
+def classify_escaped(text):
+    """Kind of an exception that escaped the judging of a case, known only by its traceback's text (from a worker):
+    a device fault when it names a CUDA error (the kernel's, reported at a later CUDA call), else an exception."""
+    return Kind.DEVICE_FAULT if any(s in text for s in CUDA_FAULT_TEXT) else Kind.EXCEPTION
+
+
 def classify_death(signal_number, log_tail=""):
     """Kind of a worker process that died: a device fault when its last words name a CUDA error, else a
     crash (a segfault or an abort, on the CPU or the GPU alike)."""

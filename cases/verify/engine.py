@@ -17,7 +17,7 @@ from flashcheck.cases.case import Case, parse_case
 from flashcheck.cases.declarations import BY_NAME, DeclarationError, Declarations, ranges_text
 from flashcheck.cases.errors import UsageError
 from flashcheck.cases.inputs import footprint
-from flashcheck.cases.oracle import Conventions, Failure, Kind, Verdict
+from flashcheck.cases.oracle import Conventions, Failure, Kind, Verdict, classify_escaped
 from flashcheck.cases.projection import project
 from flashcheck.cases.report import html
 from flashcheck.cases.report.files import Files
@@ -576,7 +576,7 @@ def judge(runner, case, settings, fn=JUDGE):
     except Died as exc:
         verdict = Verdict(case, settings.target, [Failure(exc.kind, str(exc))])
     except Raised as exc:
-        verdict = Verdict(case, settings.target, [Failure(Kind.EXCEPTION, f"escaped the oracle: {exc}")])
+        verdict = Verdict(case, settings.target, [Failure(classify_escaped(str(exc)), f"escaped the oracle: {exc}")])
     if hasattr(runner, "memcheck"):
         errors = runner.memcheck()
         if errors and not verdict.failed:

@@ -51,8 +51,9 @@ def judge_case(kernel, case, settings):
     try:
         protocol = protocols.of_kernel(kernel, settings.decl)
         if protocol != protocols.DENSE:
-            return packed.judge(kernel, protocol, case, settings, _judge)
-        return _judge(kernel, case, settings)
+            verdict = packed.judge(kernel, protocol, case, settings, _judge)
+        else:
+            verdict = _judge(kernel, case, settings)
     except (Exception, SystemExit) as exc:  # noqa: BLE001
         verdict = oracle.Verdict(case, settings.target)
         kind, text = oracle.classify_exception(exc)
@@ -60,19 +61,30 @@ def judge_case(kernel, case, settings):
             # memory ran out outside the kernel call (the case's inputs, the reference, a gradient): nothing of
             # the kernel was judged, as when the call itself runs out (oracle.layers); never a failure of it
             verdict.status, verdict.note = "out of memory", f"outside the kernel call: {text.splitlines()[0][:300]}"
-            return verdict
+            return _released(case, verdict)
         verdict.fail(Failure(kind, f"escaped the oracle: {text.splitlines()[0][:500]}",
                              location=oracle.where_raised(exc)))
-        return verdict
-    finally:
-        # verify --jobs lets a large case run beside others on what the light ones leave free (engine._heavy):
-        # the memory it took goes back to the device, not into this worker's cache for its next (light) case.
-        # Collected first: tensors held in reference cycles (an exception's frames, a kernel's autograd graph) are
-        # not free until then, and empty_cache hands back only free blocks (an H200, flash-attn-triton: the
-        # fp16 case of offsets_over_2_31 left 110 GiB held in its worker, and the bf16 case after it ran out)
+    return _released(case, verdict)
+
+
+def _released(case, verdict):
+    """verdict, after a large case's memory went back to the device. verify --jobs lets a large case run beside
+    others on what the light ones leave free (engine._heavy): the memory it took goes back to the device, not into
+    this worker's cache for its next (light) case. Collected first: tensors held in reference cycles (an
+    exception's frames, a kernel's autograd graph) are not free until then, and empty_cache hands back only free
+    blocks (an H200, flash-attn-triton: the fp16 case of offsets_over_2_31 left 110 GiB held in its worker, and the
+    bf16 case after it ran out). A CUDA error raised here is the case's kernel's, reported late (kernels run
+    asynchronously): the case fails as a device fault (an H200, sageattention 1.0.6, offsets_over_2_31[bf16]: an
+    illegal address surfaced in empty_cache and escaped as an exception of the oracle's own)."""
+    try:
         if torch.cuda.is_initialized() and _device_bytes(case) > RELEASE:
             gc.collect()
             torch.cuda.empty_cache()
+    except Exception as exc:  # noqa: BLE001
+        kind, text = oracle.classify_exception(exc)
+        verdict.fail(Failure(kind, f"after the case's calls, handing its memory back raised: "
+                                   f"{text.splitlines()[0][:500]}"))
+    return verdict
 
 
 def _device_bytes(case):
