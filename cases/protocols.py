@@ -238,6 +238,8 @@ class Packed:
             kw["out"] = gout.t
         else:
             inp.prepoison(cq[-1] * H * Dv, dt, device)
+        if kw.get("return_lse"):
+            inp.prepoison(H * cq[-1], torch.float32, device)      # as oracle.layers does for a dense lse
         result, lse = self._call((gq.t, gk.t, gv.t, cu_q, cu_k), kw, (gq, gk, gv), gout,
                                  (cq[-1], H, Dv), (H, cq[-1]), dt, device)
         rows = slice(cq[self.b], cq[self.b + 1])
@@ -284,6 +286,8 @@ class Packed:
             kw["out"] = gout.t
         else:
             inp.prepoison(B * H * nq * Dv, dt, device)
+        if kw.get("return_lse"):
+            inp.prepoison(B * H * nq, torch.float32, device)
         seqlens = torch.tensor(lk, dtype=torch.int32, device=device)
         result, lse = self._call((gq.t, gk.t, gv.t, table.to(device), seqlens), kw, (gq, gk, gv), gout,
                                  (B, H, nq, Dv), (B, H, nq), dt, device)
