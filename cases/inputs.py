@@ -39,13 +39,22 @@ def is_poison(t):
     return int_view(t) == poison_bits(t.dtype)
 
 
-def prepoison(n, dtype, device):
+def prepoison(n, dtype, device, *more):
     """Before a call without out=: fill n elements of memory the kernel's own output allocation is likely to reuse
-    (the caching allocator hands back a freed block of the same size) with the poison pattern."""
-    if n:
-        block = torch.empty(n, dtype=dtype, device=device)
+    (the caching allocator hands back a freed block of the same size) with the poison pattern. more: the sizes of
+    further blocks of the same dtype, held at the same time (outputs the kernel allocates side by side, as a
+    backward's dq, dk and dv), so that each gets a block of its own."""
+    blocks = [torch.empty(m, dtype=dtype, device=device) for m in (n, *more) if m]
+    for block in blocks:
         int_view(block).fill_(poison_bits(dtype))
-        del block
+    del blocks
+
+
+def prepoison_lse(n, device):
+    """prepoison for a kernel's own float32 lse of n elements: a row it never writes then holds NaN, not whatever
+    the block held before (on the CPU a mutant that wrote each sequence's lse to the wrong rows survived about one
+    run in three: the rows it left unwritten held values that passed)."""
+    prepoison(n, torch.float32, device)
 
 
 def _geometry(layout, B, H, N, D):

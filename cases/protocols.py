@@ -239,7 +239,7 @@ class Packed:
         else:
             inp.prepoison(cq[-1] * H * Dv, dt, device)
         if kw.get("return_lse"):
-            inp.prepoison(H * cq[-1], torch.float32, device)      # as oracle.layers does for a dense lse
+            inp.prepoison_lse(H * cq[-1], device)
         result, lse = self._call((gq.t, gk.t, gv.t, cu_q, cu_k), kw, (gq, gk, gv), gout,
                                  (cq[-1], H, Dv), (H, cq[-1]), dt, device)
         rows = slice(cq[self.b], cq[self.b + 1])
@@ -287,7 +287,7 @@ class Packed:
         else:
             inp.prepoison(B * H * nq * Dv, dt, device)
         if kw.get("return_lse"):
-            inp.prepoison(B * H * nq, torch.float32, device)
+            inp.prepoison_lse(B * H * nq, device)
         seqlens = torch.tensor(lk, dtype=torch.int32, device=device)
         result, lse = self._call((gq.t, gk.t, gv.t, table.to(device), seqlens), kw, (gq, gk, gv), gout,
                                  (B, H, nq, Dv), (B, H, nq), dt, device)

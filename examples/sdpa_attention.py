@@ -66,4 +66,4 @@ def _huge_scores(q, k, scale):
         return False
     D = q.shape[-1]
     s = 1.0 / D ** 0.5 if scale is None else abs(scale)
-    return float(q.abs().amax().float()) * float(k.abs().amax().float()) * D * s >= 1e6
+    return float(q.detach().abs().amax().float()) * float(k.detach().abs().amax().float()) * D * s >= 1e6

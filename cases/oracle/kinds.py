@@ -46,6 +46,11 @@ CUDA_FAULT_TEXT = ("illegal memory access", "an illegal instruction", "unspecifi
                    "device-side assert", "misaligned address", "CUDA error", "cudaError", "CUDA_ERROR")
 
 
+def names_cuda_fault(text):
+    """Whether a text (an exception's, a traceback's, a dead worker's last words) names a CUDA error."""
+    return any(s in (text or "") for s in CUDA_FAULT_TEXT)
+
+
 def _chain(exc):
     seen = []
     while exc is not None and exc not in seen:
@@ -70,7 +75,7 @@ def classify_exception(exc):
     text = f"{type(exc).__name__}: {exc}"
     if _is_compile_error(exc):
         return Kind.COMPILE_ERROR, text
-    if any(s in str(e) for e in _chain(exc) for s in CUDA_FAULT_TEXT):
+    if any(names_cuda_fault(str(e)) for e in _chain(exc)):
         return Kind.DEVICE_FAULT, text
     return Kind.EXCEPTION, text
 
@@ -78,15 +83,13 @@ def classify_exception(exc):
 def classify_escaped(text):
     """Kind of an exception that escaped the judging of a case, known only by its traceback's text (from a worker):
     a device fault when it names a CUDA error (the kernel's, reported at a later CUDA call), else an exception."""
-    return Kind.DEVICE_FAULT if any(s in text for s in CUDA_FAULT_TEXT) else Kind.EXCEPTION
+    return Kind.DEVICE_FAULT if names_cuda_fault(text) else Kind.EXCEPTION
 
 
 def classify_death(signal_number, log_tail=""):
     """Kind of a worker process that died: a device fault when its last words name a CUDA error, else a
     crash (a segfault or an abort, on the CPU or the GPU alike)."""
-    if any(s in (log_tail or "") for s in CUDA_FAULT_TEXT):
-        return Kind.DEVICE_FAULT
-    return Kind.CRASH
+    return Kind.DEVICE_FAULT if names_cuda_fault(log_tail) else Kind.CRASH
 
 
 class Unsupported(NotImplementedError):

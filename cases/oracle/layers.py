@@ -137,7 +137,7 @@ def call_kernel(kernel, case, caps, qkv, device, guard_fill=float("nan"), measur
     if without_out and caps.out:
         _prepoison(case, device)
     if kwargs.get("return_lse"):
-        _prepoison_lse(case.B * case.H * case.Nq, device)
+        inp.prepoison_lse(case.B * case.H * case.Nq, device)
     cuda = torch.device(device).type == "cuda"
     if cuda and measure:
         _libraries_ready(device)
@@ -494,11 +494,3 @@ def _diagnose_nan(kernel, case, caps, qkv, device, fail, heads):
 def _prepoison(case, device):
     """Without out=, the poison where the kernel's own (B, H, Nq, Dv) output is likely to be allocated."""
     inp.prepoison(case.B * case.H * case.Nq * case.v_dim, case.torch_dtype, device)
-
-
-def _prepoison_lse(n, device):
-    """The poison where the kernel's own float32 lse of n elements is likely to be allocated: a row it never writes
-    then holds NaN, not whatever the block held before (on the CPU a mutant that wrote each sequence's lse to the
-    wrong rows survived about one run in three: the rows it left unwritten held the right values from an earlier
-    allocation)."""
-    inp.prepoison(n, torch.float32, device)

@@ -333,11 +333,11 @@ def serve():
     faulthandler.enable()     # a segfault in a kernel leaves a stack in the log
     out = os.dup(1)
     os.dup2(2, 1)             # prints go to the log, never into a frame
-    select_backend()
+    gpu = select_backend() == "gpu"
     # lazy: Triton reads TRITON_INTERPRET when it is imported, so only after the backend is chosen; imported once
     # here, every forked child starts warm
     import triton  # noqa: F401
-    _warm_up()
+    _warm_up(gpu)
     while True:
         message = _read_frame(0)
         if message is None or message[0] == "stop":
@@ -359,13 +359,13 @@ def serve():
         _write_frame(out, ("gone", os.waitstatus_to_exitcode(status)))
 
 
-def _warm_up():
+def _warm_up(gpu):
     """Done once in the server, before any fork, what every child would otherwise do for itself, none of it touching
     CUDA: import the judging code (the oracle, the properties, hypothesis) and, on the GPU, compute Triton's hash of
     its own installation, part of every compile's cache key. On an H200 host each child spent 0.35 s on the hash
     and 0.2 s on those imports, of 1.3 s in all for a mutant whose kernels were in the compile cache."""
     import flashcheck.cases.verify.judging  # noqa: F401  (lazy: the server imports nothing before its backend)
-    if select_backend() == "gpu":
+    if gpu:
         from triton.runtime import cache   # lazy: as triton above
 
         key = getattr(cache, "triton_key", None)     # functools.lru_cache'd in Triton 3.x

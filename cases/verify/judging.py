@@ -8,6 +8,7 @@
   4. for a failing case, the error maps of the HTML report (cases/oracle/diagnose.py).
 """
 import gc
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -61,9 +62,9 @@ def judge_case(kernel, case, settings):
             # memory ran out outside the kernel call (the case's inputs, the reference, a gradient): nothing of
             # the kernel was judged, as when the call itself runs out (oracle.layers); never a failure of it
             verdict.status, verdict.note = "out of memory", f"outside the kernel call: {text.splitlines()[0][:300]}"
-            return _released(case, verdict)
-        verdict.fail(Failure(kind, f"escaped the oracle: {text.splitlines()[0][:500]}",
-                             location=oracle.where_raised(exc)))
+        else:
+            verdict.fail(Failure(kind, f"escaped the oracle: {text.splitlines()[0][:500]}",
+                                 location=oracle.where_raised(exc)))
     return _released(case, verdict)
 
 
@@ -76,6 +77,9 @@ def _released(case, verdict):
     bf16 case after it ran out). A CUDA error raised here is the case's kernel's, reported late (kernels run
     asynchronously): the case fails as a device fault (an H200, sageattention 1.0.6, offsets_over_2_31[bf16]: an
     illegal address surfaced in empty_cache and escaped as an exception of the oracle's own)."""
+    once = sys.modules.get("flashcheck.cases.runner.compile_once")   # Triton's cache manager, when it is flashcheck's
+    if once is not None:
+        once.release()        # a compile of the case's that failed holds its key's lock no longer
     try:
         if torch.cuda.is_initialized() and _device_bytes(case) > RELEASE:
             gc.collect()
