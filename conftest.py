@@ -9,7 +9,7 @@ the worker exits, and pytest-xdist replaces it with a fresh one, so the tests th
 import os
 import sys
 
-from flashcheck.cases.runner.cache import compile_once_env, default_dir  # (imports nothing heavy: torch waits for the backend)
+from flashcheck.cases.runner.cache import default_dir  # (imports nothing heavy: torch waits for the backend)
 
 # under pytest-xdist each worker, and what it starts (verify's worker processes), gets its share of the host's
 # cores: N workers each running one OpenMP thread per core oversubscribe the machine (2 cores, the fp16 and bf16
@@ -49,11 +49,7 @@ BACKEND = select_backend()
 # workers of every verify the tests start (which use flashcheck's directory, cases/runner/cache.py). Left to
 # Triton's default here, each kernel specialisation the tests share with a verify run compiled twice. Set before
 # Triton is imported; a TRITON_CACHE_DIR of the user's own stands.
-# The suite's 16 workers start on the same kernels together: in flashcheck's directory a specialisation that
-# several processes miss at once is compiled by one while the others wait for it (cases/runner/compile_once.py).
 if BACKEND == "gpu":
-    if "TRITON_CACHE_DIR" not in os.environ:
-        os.environ.update(compile_once_env())
     for _var, _sub in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
         os.environ.setdefault(_var, os.path.join(default_dir(), _sub))
 

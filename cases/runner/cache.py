@@ -6,9 +6,7 @@ most of a cold verify of a Triton kernel is compiling. Triton and TorchInductor 
 when told where. flashcheck owns one directory for both (FLASHCHECK_CACHE_DIR, default $XDG_CACHE_HOME/flashcheck
 or ~/.cache/flashcheck), given to every worker, so a second, unchanged run finds its kernels compiled (a warm run)
 and a case's kernels compiled by one worker serve the others. A user's own TRITON_CACHE_DIR or
-TORCHINDUCTOR_CACHE_DIR is kept. --no-cache gives a run a fresh, temporary directory instead (a cold run). In
-flashcheck's directory a specialisation that several workers want at once is compiled by one of them while the
-others wait for it (runner/compile_once.py).
+TORCHINDUCTOR_CACHE_DIR is kept. --no-cache gives a run a fresh, temporary directory instead (a cold run).
 """
 import os
 import shutil
@@ -19,15 +17,6 @@ from dataclasses import dataclass, field
 def default_dir():
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.environ.get("FLASHCHECK_CACHE_DIR") or os.path.join(base, "flashcheck")
-
-
-COMPILE_ONCE = "flashcheck.cases.runner.compile_once:CompileOnce"
-
-
-def compile_once_env():
-    """The environment under which Triton compiles each specialisation once, however many processes want it at the
-    same time (runner/compile_once.py), unless the user chose a cache manager of their own."""
-    return {} if os.environ.get("TRITON_CACHE_MANAGER") else {"TRITON_CACHE_MANAGER": COMPILE_ONCE}
 
 
 @dataclass
@@ -53,8 +42,6 @@ class Cache:
             if enabled and os.environ.get(var):
                 continue           # the user's own choice stands
             env[var] = os.path.join(root, sub)
-        if "TRITON_CACHE_DIR" in env:
-            env.update(compile_once_env())
         cache = cls(root, env, temporary=not enabled)
         cache.before = cache.kernels()
         return cache

@@ -8,7 +8,6 @@
   4. for a failing case, the error maps of the HTML report (cases/oracle/diagnose.py).
 """
 import gc
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -77,9 +76,6 @@ def _released(case, verdict):
     bf16 case after it ran out). A CUDA error raised here is the case's kernel's, reported late (kernels run
     asynchronously): the case fails as a device fault (an H200, sageattention 1.0.6, offsets_over_2_31[bf16]: an
     illegal address surfaced in empty_cache and escaped as an exception of the oracle's own)."""
-    once = sys.modules.get("flashcheck.cases.runner.compile_once")   # Triton's cache manager, when it is flashcheck's
-    if once is not None:
-        once.release()        # a compile of the case's that failed holds its key's lock no longer
     try:
         if torch.cuda.is_initialized() and _device_bytes(case) > RELEASE:
             gc.collect()
