@@ -17,6 +17,8 @@ The lengths keep their roles: the buffer is (Nq, Nk); the scores grid's second a
 length, the S row stride, the S-column mask and the V row mask use Nk; only the first grid axis and the
 output masks use Nq.
 """
+import inspect
+
 import torch
 import triton
 import triton.language as tl
@@ -27,7 +29,20 @@ MAX_ROW = 16384  # the softmax keeps a whole row of scores in one register tile
 MAX_GRID_AXIS = 65535   # CUDA's cap on grid axes 1 and 2, where the scores and P.V grids put B*H
 
 
-@triton.jit
+def _unspecialised(fn):
+    """triton.jit, without Triton's specialisation on the values of the integer arguments (== 1, divisible by 16)
+    and the alignment of the pointers: each distinct combination is a compile of its own, and the catalogue's
+    deliberately awkward lengths, strides and views made nearly every case of this baseline three new compiles (an
+    H200, the GPU suite cold: 650 of its 1687 compiles were this module's). The speed of the baseline matters
+    little; the constexpr tiles, head dims and features still specialise."""
+    names = [p.name for p in inspect.signature(fn).parameters.values() if p.annotation is inspect.Parameter.empty]
+    options = {"do_not_specialize": names}
+    if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
+        options["do_not_specialize_on_alignment"] = names
+    return triton.jit(**options)(fn)
+
+
+@_unspecialised
 def _scores(Q, K, S, scale,
             stride_qz, stride_qh, stride_qm, stride_qk,
             stride_kz, stride_kh, stride_kn, stride_kk,
@@ -80,7 +95,7 @@ def _scores(Q, K, S, scale,
     tl.store(s_ptrs, s, mask=(offs_m[:, None] < Nq) & (offs_n[None, :] < Nk))
 
 
-@triton.jit
+@_unspecialised
 def _softmax(S, Lse, stride_sr, stride_sn, Nk, BLOCK: tl.constexpr):
     """One program per row of the (rows, Nk) score buffer, in place."""
     row = tl.program_id(0).to(tl.int64)
@@ -100,7 +115,7 @@ def _softmax(S, Lse, stride_sr, stride_sn, Nk, BLOCK: tl.constexpr):
     tl.store(Lse + row, tl.where(l == 0.0, float("-inf"), m_shift + tl.log(l_safe)))
 
 
-@triton.jit
+@_unspecialised
 def _weights_v(W, V, Out,
                stride_wz, stride_wh, stride_wm, stride_wn,
                stride_vz, stride_vh, stride_vn, stride_vk,
