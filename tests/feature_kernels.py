@@ -59,3 +59,14 @@ def window_ignored(q, k, v, *, causal=False, scale=None, window=None):
 def empty_lse_plus_inf(q, k, v, *, causal=False, scale=None, return_lse=False):
     """Right, with FlashAttention's convention for the lse of a row that sees no key: +inf."""
     return _attend(q, k, v, causal, scale, lambda h, H, Hkv: h // (H // Hkv), return_lse, math.inf)
+
+
+def empty_lse_plus_inf_out(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
+    """The same, writing into out= when given (the oracle then also calls it without out=, and holds that call's lse
+    to the declared convention as well)."""
+    result = empty_lse_plus_inf(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
+    o = result[0] if return_lse else result
+    if out is not None:
+        out.copy_(o)
+        o = out
+    return (o, result[1]) if return_lse else o

@@ -74,7 +74,8 @@ def test_a_keyword_feature_comes_from_the_signature():
 
 @pytest.mark.parametrize("kernel, declared, passes", [
     (fk.grouped, None, True), (fk.empty_lse_plus_inf, None, False),
-    (fk.empty_lse_plus_inf, "+inf", True), (fk.grouped, "+inf", False)])
+    (fk.empty_lse_plus_inf, "+inf", True), (fk.grouped, "+inf", False), (fk.empty_lse_plus_inf_out, None, False),
+    (fk.empty_lse_plus_inf_out, "+inf", True)])
 def test_the_lse_of_an_empty_row_is_a_declared_convention(kernel, declared, passes):
     options = {} if declared is None else {"empty_lse": declared}
     report = _verify(kernel, "causal_nq_gt_nk", **options)

@@ -17,6 +17,7 @@ from flashcheck.cases.oracle.layers import (  # noqa: F401
                                            compare,
                                            expectation,
                                            judge,
+                                           lse_failure,
                                            protocol_kwargs,
                                            where_raised,
 )

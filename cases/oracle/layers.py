@@ -365,7 +365,12 @@ def _exact_in(case, hand):
 
 
 def _lse_check(lse, expect, heads, empty_lse="-inf"):
-    got = _to_numpy(_select(lse, heads))
+    return lse_failure(_to_numpy(_select(lse, heads)), expect, empty_lse)
+
+
+def lse_failure(got, expect, empty_lse="-inf"):
+    """None when a kernel's lse (a float64 array, the expectation's shape) holds, else the Failure; empty_lse: the
+    lse of a row that sees no key under the kernel's conventions (-inf, the protocol's; +inf declared)."""
     want = expect.lse
     if empty_lse == "+inf":      # a declared convention (FlashAttention's): rows that see no key give +inf
         want = np.where(np.isneginf(want), np.inf, want)
@@ -374,8 +379,9 @@ def _lse_check(lse, expect, heads, empty_lse="-inf"):
         fail.kind = Kind.LSE
         fail.message = ("log-sum-exp " + fail.message).strip()
         if np.isinf(fail.got or 0.0) and np.isinf(fail.expected or 0.0) and fail.got == -fail.expected:
-            fail.message += (f"; the row sees no key: its lse is {empty_lse} as declared (--empty-lse; the protocol "
-                             "says -inf, FlashAttention's kernels give +inf)")
+            fail.message += ("; the row sees no key: +inf expected, as declared (--empty-lse +inf)" if empty_lse == "+inf"
+                             else "; the row sees no key: -inf expected, the protocol's (a kernel that gives +inf, as "
+                                  "FlashAttention's do, declares --empty-lse +inf)")
     return fail
 
 

@@ -104,7 +104,7 @@ def _judge(kernel, case, settings, kept=None):
         base = None
         if kept:
             # a kernel that takes out= is judged on the path its users call most too: without out=, it allocates
-            base = _without_out(kernel, case, caps, kept, verdict) if caps.out else properties.Run(kept["out"],
+            base = _without_out(kernel, case, caps, conventions, kept, verdict) if caps.out else properties.Run(kept["out"],
                                                                                                  kept["lse"])
         if not verdict.failed and settings.properties and case.data != "nan_input":
             _properties(kernel, case, settings, conventions, verdict, kept, base)
@@ -119,7 +119,7 @@ def _judge(kernel, case, settings, kept=None):
     return verdict
 
 
-def _without_out(kernel, case, caps, kept, verdict):
+def _without_out(kernel, case, caps, conventions, kept, verdict):
     """The same case called without out= (the kernel allocates its result): the output contract (shape, dtype,
     device, every element written) and the values, against the expectation the oracle already has. Returns the
     run (the properties' base), or None when it failed (the verdict says so) or was declined."""
@@ -143,7 +143,7 @@ def _without_out(kernel, case, caps, kept, verdict):
     e = kept["expect"]
     fail, _ = oracle.compare(out, e.out, e.tol)
     if fail is None and lse is not None:
-        fail, _ = oracle.compare(lse[..., None], e.lse[..., None], e.tol_lse[..., None], what=Kind.LSE)
+        fail = oracle.lse_failure(lse, e, conventions.empty_lse)
     if fail is not None:
         fail.message = f"without out= (the kernel allocating its output): {fail.message}"
         verdict.fail(fail)
