@@ -527,3 +527,14 @@ def test_an_internal_error_exits_3_not_1(monkeypatch, capsys):
     assert cli.main(["verify", "-q"]) == 3
     err = capsys.readouterr().err
     assert "internal error" in err and "OverflowError" in err and "Traceback" in err, err
+
+
+def test_generated_cases_of_a_kernel_that_is_not_triton_draw_its_declared_bf16_on_any_backend():
+    """bf16 on the CPU is wrong only through Triton's interpreter: a plain PyTorch kernel declared bf16 only gets its
+    generated cases in bf16 (verify exited 3, an internal error, when the CPU's dtypes left none to draw)."""
+    import flashcheck
+    from examples import plain_attention
+
+    report = flashcheck.verify(plain_attention.matmul_softmax, dtypes="bf16", only="one_query", examples=4)
+    assert report.exit_code == 0, str(report)
+    assert "4 distinct example(s) judged, 4 without a failure" in str(report), str(report)

@@ -173,7 +173,7 @@ def _scale():
 @st.composite
 def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("fused",), min_nq=0,
           max_len=None, head_dim_ok=None, backend=None, profile=None, pin_blocks=True, decl=None, scale=True,
-          features=frozenset()):
+          features=frozenset(), any_dtype=False):
     """Cases of the legal space of the backend.
 
     causal: None draws it, True/False fixes it. dtypes, layouts, data: the allowed values (default: all
@@ -185,9 +185,12 @@ def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("
     scale=False: always the default scale (a kernel without a scale= argument).
     features: the optional features the kernel has (cases/features.py names): each is drawn in about half the
     cases, after every other draw, so that a kernel without them gets the same cases as before they existed.
+    any_dtype=True: dtypes are drawn as given, past the backend's own (a kernel that is not Triton's: its bf16 runs
+    right on the CPU).
     """
     lim = limits(backend, profile)
-    dtype = draw(st.sampled_from(tuple(d for d in lim.dtypes if dtypes is None or d in dtypes)))
+    pool = tuple(dtypes) if any_dtype and dtypes else lim.dtypes
+    dtype = draw(st.sampled_from(tuple(d for d in pool if dtypes is None or d in dtypes)))
     is_causal = draw(st.booleans()) if causal is None else causal
     layout = draw(st.sampled_from(tuple(x for x in LAYOUT_ORDER if layouts is None or x in layouts)))
     kind = draw(st.sampled_from(tuple(data or FINITE_DATA)))
@@ -217,7 +220,7 @@ def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("
     many_bn = draw(st.sampled_from(lim.many_pins or (1,))) if pin_blocks else lim.default_block
     count = draw(st.sampled_from(lim.many_blocks or (1,)))
     delta = draw(st.sampled_from((0, 1, -1)))
-    halves = tuple(d for d in lim.dtypes if d != "fp32" and (dtypes is None or d in dtypes))
+    halves = tuple(d for d in pool if d != "fp32" and (dtypes is None or d in dtypes))
     half = draw(st.sampled_from(halves or (dtype,)))
     if many:
         dtype = half
