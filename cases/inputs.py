@@ -39,15 +39,13 @@ def is_poison(t):
     return int_view(t) == poison_bits(t.dtype)
 
 
-def prepoison(n, dtype, device, *more):
+def prepoison(n, dtype, device):
     """Before a call without out=: fill n elements of memory the kernel's own output allocation is likely to reuse
-    (the caching allocator hands back a freed block of the same size) with the poison pattern. more: the sizes of
-    further blocks of the same dtype, held at the same time (outputs the kernel allocates side by side, as a
-    backward's dq, dk and dv), so that each gets a block of its own."""
-    blocks = [torch.empty(m, dtype=dtype, device=device) for m in (n, *more) if m]
-    for block in blocks:
+    (the caching allocator hands back a freed block of the same size) with the poison pattern."""
+    if n:
+        block = torch.empty(n, dtype=dtype, device=device)
         int_view(block).fill_(poison_bits(dtype))
-    del blocks
+        del block
 
 
 def prepoison_lse(n, device):

@@ -58,12 +58,7 @@ class _Attention(torch.autograd.Function):
         dk, dv = fold(dkx), fold(dvx)
         if bug == "dv_from_transposed_heads" and Hkv > 1:
             dv = dv.flip(1)
-        dq = dq.to(q.dtype)
-        if bug == "dq_rows_without_keys_unwritten":     # the rows that see no key skipped, their dq never stored
-            written, dq = dq, torch.empty_like(q)
-            rows = p.sum(-1) > 0
-            dq[rows] = written[rows]
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
 def correct(q, k, v, *, causal=False, scale=None):
@@ -86,9 +81,6 @@ rowsum_of_dp = _buggy("rowsum_of_dp", "D_i = rowsum(dP) instead of rowsum(dO * O
 gqa_first_head_only = _buggy("gqa_first_head_only", "dK and dV of a kv head from the first query head of its group "
                                                     "only, not summed over the group")
 dv_from_transposed_heads = _buggy("dv_from_transposed_heads", "dV written to the kv heads in reverse order")
-dq_rows_without_keys_unwritten = _buggy("dq_rows_without_keys_unwritten", "dQ allocated empty and the query rows "
-                                                                          "that see no key (causal, Nq > Nk) skipped: "
-                                                                          "their dQ, 0, is never written")
 backward_top_left_causal = _buggy("backward_top_left_causal", "the forward's causal mask bottom-right, the backward's "
                                                               "(P recomputed from q and k) top-left: equal when "
                                                               "Nq == Nk, wrong gradients otherwise")
