@@ -70,3 +70,10 @@ def empty_lse_plus_inf_out(q, k, v, *, causal=False, scale=None, out=None, retur
         out.copy_(o)
         o = out
     return (o, result[1]) if return_lse else o
+
+
+def grouped_head_dims_64_128(q, k, v, *, causal=False, scale=None):
+    """Right (GQA, differentiable), for head dims 64 and 128 only, as many real kernels are: it declares them."""
+    if q.shape[-1] not in (64, 128) or v.shape[-1] != q.shape[-1]:
+        raise NotImplementedError(f"head dims 64 and 128 only, got {q.shape[-1]} and {v.shape[-1]}")
+    return grouped(q, k, v, causal=causal, scale=scale)

@@ -83,3 +83,13 @@ def test_the_lse_of_an_empty_row_is_a_declared_convention(kernel, declared, pass
     if not passes:
         assert str(report.failures[0].verdict.kind) == "lse", str(report)
         assert "the row sees no key" in str(report), str(report)
+
+
+def test_probes_use_a_head_dim_and_length_the_kernel_declares():
+    """A kernel of head dims 64 and 128 only, declared so, was probed at D = 16: it raised, so it lost its GQA cases
+    and its backward ("probed, raised"). The probes now take a declared head dim and length."""
+    report = flashcheck.verify(fk.grouped_head_dims_64_128, head_dims="64,128", only="gqa_groups_of_three",
+                               dtypes="fp32")
+    text = str(report)
+    assert report.exit_code == 0 and report.passed == 1, text
+    assert "GQA yes (probed)" in text and "backward yes (probed: its output carries autograd)" in text, text

@@ -15,6 +15,7 @@ from flashcheck.cases import catalogue, features, protocols, report
 from flashcheck.cases.backend import backend as active_backend
 from flashcheck.cases.case import Case, parse_case
 from flashcheck.cases.declarations import BY_NAME, DeclarationError, Declarations, ranges_text
+from flashcheck.cases.generate.strategies import _fit, _fit_dim
 from flashcheck.cases.errors import UsageError
 from flashcheck.cases.inputs import footprint
 from flashcheck.cases.oracle import Conventions, Failure, Kind, Verdict, classify_escaped
@@ -287,10 +288,11 @@ def support(runner, info, decl, backend, needed):
     if decl.protocol != "auto":
         caps = replace(caps, protocol=decl.protocol)
     conventions = Conventions.of(decl)
-    asks = [(name, getattr(decl, name), (PROBE, name, _DTYPE, conventions, caps.protocol)) for name in features.PROBED
-            if getattr(decl, name) != "auto" or name in needed]
+    shape = probe_shape(decl)
+    asks = [(name, getattr(decl, name), (PROBE, name, _DTYPE, conventions, caps.protocol, shape))
+            for name in features.PROBED if getattr(decl, name) != "auto" or name in needed]
     # the backward (cases/oracle/backward.py): judged when declared, or when one small call's output carries autograd
-    asks.append(("backward", decl.backward, (BACKWARD_PROBE, _DTYPE, conventions, caps.protocol)))
+    asks.append(("backward", decl.backward, (BACKWARD_PROBE, _DTYPE, conventions, caps.protocol, shape)))
     runners = runner if isinstance(runner, list) else [runner]
 
     n = min(len(asks), len(runners))
@@ -309,6 +311,17 @@ def support(runner, info, decl, backend, needed):
             have.add(name)
         notes[name] = note
     return replace(caps, features=frozenset(have), notes=notes)
+
+
+def probe_shape(decl):
+    """The head dims and length of the probes (features.probe_case, judging.probe_backward), within what the kernel
+    declares it takes: D the declared head dim nearest 16, Dv another declared one (twice D when none is), N the
+    declared length nearest above 8. A kernel declared for head dims 64 and 128 was probed at D = 16, raised, and
+    lost its GQA cases and its backward to "probed: raised"."""
+    D = _fit_dim(decl, features.PROBE_SHAPE["D"])
+    Dv = next((d for d in (2 * D, D // 2, 32, 64, 128, 16, 256, 96, 80, 8) if d != D and d and decl.head_dim_ok(d)),
+              2 * D)
+    return {"D": D, "Dv": Dv, "N": _fit(decl, features.PROBE_SHAPE["N"], 1)}
 
 
 BACKWARD_PROBE = "flashcheck.cases.verify.judging:probe_backward"

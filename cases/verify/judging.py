@@ -177,11 +177,12 @@ def _backward(kernel, case, caps, conventions, verdict, kept, settings):
         verdict.fail(fail)
 
 
-def probe_backward(kernel, dtype, conventions, protocol=protocols.DENSE):
+def probe_backward(kernel, dtype, conventions, protocol=protocols.DENSE, shape=None):
     """(has a backward, why): one small call with q, k and v that require grad (a packed kernel's through its
     adapter); its output must carry an autograd graph. A kernel that raises on such inputs has none (a Triton
     forward-only kernel returns a plain tensor)."""
-    case = Case("probe_backward", H=2, Nq=8, Nk=8, D=16, dtype=dtype, seed=1)
+    s = shape or features.PROBE_SHAPE          # the head dim and length the kernel declares it takes
+    case = Case("probe_backward", H=2, Nq=s["N"], Nk=s["N"], D=s["D"], dtype=dtype, seed=1)
     if protocol != protocols.DENSE:
         kernel = protocols.Packed(kernel, protocol, case, 0)
     q, k, v = backward.leaves(case, inp.values(case), device())
@@ -252,13 +253,13 @@ def _plain_call(kernel, case, caps):
         pass
 
 
-def probe_feature(kernel, name, dtype, conventions, protocol=protocols.DENSE):
+def probe_feature(kernel, name, dtype, conventions, protocol=protocols.DENSE, shape=None):
     """(supported, why) for the shape-carried feature `name` (cases/features.py PROBED) on this kernel, from one
     small case judged by the oracle (the engine asks it through the runner): a kernel that raises, declines or reads
     outside k and v lacks the feature (why says how); one that answers has it, and a wrong answer then fails the
     feature's cases. An answer of the wrong shape is an answer: a kernel without a value head dim of its own
     asserts it (as Triton's tutorial does), while output sized by D is a bug class of its own."""
-    case = features.probe_case(name, dtype)
+    case = features.probe_case(name, dtype, shape)
     if protocol != protocols.DENSE:
         kernel = protocols.Packed(kernel, protocol, case, 0)
     verdict = oracle.judge(kernel, case, target="probe", conventions=conventions)
