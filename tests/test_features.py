@@ -93,3 +93,12 @@ def test_probes_use_a_head_dim_and_length_the_kernel_declares():
     text = str(report)
     assert report.exit_code == 0 and report.passed == 1, text
     assert "GQA yes (probed)" in text and "backward yes (probed: its output carries autograd)" in text, text
+
+
+def test_a_repro_line_carries_the_declarations_the_case_was_judged_under():
+    """Pasted back without them, a case judged under a declared convention would be judged under the protocol's."""
+    report = _verify(fk.grouped, "causal_nq_gt_nk", empty_lse="+inf", head_map="interleaved")
+    [failed, *_] = report.failures
+    repro = failed.verdict.repro()
+    assert "--empty-lse +inf" in repro and "--head-map interleaved" in repro, repro
+    assert repro.startswith("flashcheck verify ") and " --case " in repro, repro

@@ -85,6 +85,7 @@ class Verdict:
     peak_bytes: int = None    # the kernel's own device memory beyond its inputs (GPU), when measured
     maps: dict = None         # error maps of a failing case, for the HTML report (oracle/diagnose.py)
     timing: tuple = None      # (start, seconds, worker) of judging it, as verify saw it: start from the run's start
+    declared: list = field(default_factory=list)   # the declarations it was judged under, as flags (for repro)
 
     def __post_init__(self):
         if not self.status:
@@ -107,7 +108,10 @@ class Verdict:
         self.status = "fail"
 
     def repro(self):
-        return f"flashcheck verify {self.target} --case \"{self.case.source(why=False)}\""
+        """The command that judges this case again, under the same declarations (a convention declared on the
+        command line, --head-map or --empty-lse, changes what is right)."""
+        flags = "".join(f" {flag}" for flag in self.declared)
+        return f"flashcheck verify {self.target}{flags} --case \"{self.case.source(why=False)}\""
 
     def report(self):
         head = f"{self.status.upper()} {self.case.name} [{self.target}]"

@@ -64,6 +64,7 @@ def judge_case(kernel, case, settings):
         else:
             verdict.fail(Failure(kind, f"escaped the oracle: {text.splitlines()[0][:500]}",
                                  location=oracle.where_raised(exc)))
+    verdict.declared = settings.decl.flags()
     return _released(case, verdict)
 
 
