@@ -119,7 +119,7 @@ FIELDS = (
     Field("causal_align", "--causal-align", _choice("causal_align", ALIGNS), "bottom-right",
           "where the causal diagonal sits when Nq != Nk: bottom-right (FlashAttention >= 2.1, the protocol; the "
           "default) or top-left (SDPA's is_causal, FlashAttention < 2.1); top-left kernels are judged against a "
-          "top-left reference", "ALIGN"),
+          "top-left reference; the window and ALiBi count from that same diagonal (i - j, not i + Nk - Nq - j)", "ALIGN"),
     Field("causal_same_length", "--causal-same-length", _flag, False, "causal only when Nq == Nk"),
     Field("same_length", "--same-length", _flag, False, "Nq == Nk only (self-attention)"),
     Field("seq_multiple", "--seq-multiple", _positive("seq_multiple", 1), 1,
