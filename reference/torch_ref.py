@@ -105,7 +105,8 @@ def backward(q, k, v, dout, problem, magnitudes=False, weight=None):
         return grads
     pw = p if weight is None else p * weight
     a_dp = torch.matmul(dout.abs(), vx.abs().transpose(-1, -2))
-    a_ds = pw * (a_dp + di.abs()) * (cap.abs() if torch.is_tensor(cap) else cap)
+    a_di = (dout.abs() * out.abs()).sum(-1, keepdim=True)     # what rounding O or the products moves D_i by
+    a_ds = pw * (a_dp + a_di) * (cap.abs() if torch.is_tensor(cap) else cap)
     mags = (torch.matmul(a_ds, kx.abs()) * abs(pb.scale),
             _sum_heads(torch.matmul(a_ds.transpose(-1, -2), q.abs()) * abs(pb.scale), k, pb),
             _sum_heads(torch.matmul(pw.transpose(-1, -2), dout.abs()), v, pb))

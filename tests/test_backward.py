@@ -61,6 +61,18 @@ def test_each_backward_bug_fails_naming_its_gradient(kernel, gradient, case):
     assert first.where is not None and first.got is not None and first.expected is not None
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_half_precision_gradients_are_held_to_the_roundings_of_a_correct_kernel(dtype):
+    """A kernel that rounds where FlashAttention-2 does passes in fp16 and bf16; a dK not summed over its GQA group
+    and a dQ without its scale fail there too (the bound's floor, with the dtype's eps in its score and length
+    terms, came to 3 times the largest gradient in bf16, and both passed)."""
+    assert _verify(bk.fa2_rounding, dtypes=dtype).exit_code == 0
+    for kernel, case in ((bk.gqa_first_head_only, "gqa_groups_of_three"), (bk.dq_unscaled, "partial_last_key_block")):
+        report = _verify(kernel, only=case, dtypes=dtype)
+        assert report.exit_code == 1, str(report)
+        assert str(report.failures[0].verdict.failures[0].kind) == "gradient", str(report)
+
+
 def test_a_forward_only_kernel_is_not_judged_unless_it_declares_a_backward():
     report = _verify(bk.forward_only)
     assert report.exit_code == 0 and "backward" not in report.run.caps.features, str(report)

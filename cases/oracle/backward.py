@@ -13,13 +13,18 @@ largest error is what FlashAttention's own tests hold their backward to (at most
 kernel that orders its sums differently); |g|w the definition's sums over absolute values with each row's
 probabilities weighted by the relative error a correct kernel may give them:
 
-    w_i = FLOOR eps (sqrt(max(Nq, Nk)) + sqrt(max(D, Dv))) + 4 kappa_i,   kappa_i = eps (sqrt(D) + 2) max_j |s|_ij
+    w_i = FLOOR (eps + eps32 (sqrt(max(Nq, Nk)) + sqrt(max(D, Dv)))) + 4 kappa_i,
+    kappa_i = eps32 (sqrt(D) + 2) max_j |s|_ij
 
-(eps of the case's dtype; |s|_ij = |scale| sum_d |q_id| |k_jd|, the bound of a score's size, so kappa_i is how far
-rounding may move row i's scores, which the softmax turns into a relative error of its probabilities: on large
-scores a correct fp32 kernel's gradients moved 1e-3 where the baseline's moved 1e-7). The floor keeps a case whose
-baseline happens to be exact (one key: P = 1) from demanding exactness, and long rows and cancelling sums from
-failing a correct order of summation. Every bug class seen in public backward
+(eps of the case's dtype: one rounding of each product's terms to it, as a kernel that feeds P and dS to its dots
+in the dtype makes; eps32 of float32, where a correct kernel computes its scores and accumulates its sums;
+|s|_ij = |scale| sum_d |q_id| |k_jd|, the bound of a score's size, so kappa_i is how far fp32 rounding may move
+row i's scores, which the softmax turns into a relative error of its probabilities: on large scores a correct fp32
+kernel's gradients moved 1e-3 where the baseline's moved 1e-7). A kernel that rounds its scores or sums to fp16 or
+bf16 makes the errors the baseline makes, which F x its error covers. The floor keeps a case whose baseline happens
+to be exact (one key: P = 1) from demanding exactness, and long rows and cancelling sums from failing a correct
+order of summation. (Up to 2026-12, eps of the dtype stood in the score and length terms too: in bf16 the floor
+came to 3 times the largest gradient, and a backward that did not sum dK over a GQA group passed.) Every bug class seen in public backward
 kernels (a scale dropped, the rowsum(dO * O) term missing or taken from the wrong rows, dK and dV of a GQA group
 not summed, a softcap's derivative left out, the gradients of keys no query sees left unwritten) moves some
 gradient by a large part of its magnitude. Keys that no query sees and queries that see no key have gradient 0:
@@ -116,6 +121,10 @@ def judge(kernel, case, caps, qkv, device, conventions, kwargs, required=False):
         err = torch.where(finite, (g - w).abs(), 0.0)
         base_err = float(torch.where(finite, (b.to(where, torch.float64) - w).abs(), 0.0).max()) if w.numel() else 0.0
         bound = F * base_err + floor
+        import os as _os
+        if _os.environ.get("FC_BWDIAG") and err.numel():
+            r = err / bound.clamp_min(1e-300)
+            print(f"DIAG {case.name} {name}: ratio {float(r.max()):.3g}", flush=True)
         over = err > bound
         if bool(over.any()):
             return _failure(name, f"|err| up to {float(err.max()):.3g}, over {F:g} x the {case.dtype} baseline's largest "
@@ -125,13 +134,13 @@ def judge(kernel, case, caps, qkv, device, conventions, kwargs, required=False):
 
 def _row_weights(case, pb, q, k):
     """w_i of the module docstring, (B, Hq, Nq, 1) float64."""
-    eps = torch.finfo(case.torch_dtype).eps
+    eps, eps32 = torch.finfo(case.torch_dtype).eps, torch.finfo(torch.float32).eps
     kx = torch_ref.expand_kv(k, pb)
     s_abs = torch.matmul(q.abs(), kx.abs().transpose(-1, -2)) * abs(pb.scale)
     seen = torch.as_tensor(pb.visible(), device=q.device)
     kappa = torch.where(seen, s_abs, 0.0).amax(-1, keepdim=True) if pb.Nk else s_abs.sum(-1, keepdim=True)
-    steps = FLOOR * eps * (max(pb.Nq, pb.Nk) ** 0.5 + max(pb.D, pb.Dv) ** 0.5)
-    return steps + 4 * eps * (pb.D ** 0.5 + 2) * kappa
+    steps = FLOOR * (eps + eps32 * (max(pb.Nq, pb.Nk) ** 0.5 + max(pb.D, pb.Dv) ** 0.5))
+    return steps + 4 * eps32 * (pb.D ** 0.5 + 2) * kappa
 
 
 def _failure(name, text, bad, got, want, bound):
