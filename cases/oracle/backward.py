@@ -121,10 +121,6 @@ def judge(kernel, case, caps, qkv, device, conventions, kwargs, required=False):
         err = torch.where(finite, (g - w).abs(), 0.0)
         base_err = float(torch.where(finite, (b.to(where, torch.float64) - w).abs(), 0.0).max()) if w.numel() else 0.0
         bound = F * base_err + floor
-        import os as _os
-        if _os.environ.get("FC_BWDIAG") and err.numel():
-            r = err / bound.clamp_min(1e-300)
-            print(f"DIAG {case.name} {name}: ratio {float(r.max()):.3g}", flush=True)
         over = err > bound
         if bool(over.any()):
             return _failure(name, f"|err| up to {float(err.max()):.3g}, over {F:g} x the {case.dtype} baseline's largest "
