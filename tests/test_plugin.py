@@ -146,8 +146,9 @@ def test_generated_cases_are_one_item_failing_with_each_minimal_case(repo):
     assert "1 failed, 1 passed" in proc.output, explain(proc)    # head_dim_1: D = 1 hides the bug
     assert "FAILED flashcheck::generated_examples" in proc.output
     assert "distinct failure kind(s), each shrunk to a minimal case: mismatch (hypothesis_minimal_" in proc.output
-    assert re.search(r"repro: flashcheck verify pkg\.attn:wrong_default_scale --case \"Case\('hypothesis_minimal_",
-                     proc.output), explain(proc)
+    # the repro line carries the run's declarations (--dtypes fp32 here), then the shrunk case
+    assert re.search(r"repro: flashcheck verify pkg\.attn:wrong_default_scale --dtypes fp32 --case "
+                     r"\"Case\('hypothesis_minimal_", proc.output), explain(proc)
 
 
 def test_parallel_under_xdist(repo):
