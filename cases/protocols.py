@@ -33,6 +33,7 @@ import torch
 
 from flashcheck.cases import inputs as inp
 from flashcheck.cases.oracle.kinds import Kind
+from flashcheck.cases.oracle.layers import check_returned_out
 from flashcheck.cases.oracle.verdict import Capabilities, Failure, RunFailed
 
 DENSE, VARLEN, PAGED = "dense", "varlen", "paged"
@@ -205,10 +206,17 @@ class Packed:
         H, D, Hkv, Dv = q.shape[1], q.shape[3], k.shape[1], v.shape[3]
         out = kw.pop("out", None)
         if "alibi_slopes" in kw and kw["alibi_slopes"] is not None and kw["alibi_slopes"].dim() == 2:
-            kw["alibi_slopes"] = kw["alibi_slopes"].expand(len(seqs), -1).contiguous()
+            kw["alibi_slopes"] = self._slopes(kw["alibi_slopes"], len(seqs))
         if self.protocol == VARLEN:
             return self._varlen(seqs, out, kw, device, dt, H, D, Hkv, Dv)
         return self._paged(seqs, out, kw, device, dt, H, D, Hkv, Dv)
+
+    def _slopes(self, row, n):
+        """(n, H) per-sequence ALiBi slopes: the judged sequence's own row at b, every other sequence its own
+        multiple of it (1.5, 2, 2.5, ... times), so that a kernel reading another sequence's row (row 0, or the
+        wrong index) shows on the judged sequence."""
+        f = [1.0 if i == self.b else 1.0 + 0.5 * ((i - self.b) % n) for i in range(n)]
+        return (row[:1] * torch.tensor(f, dtype=row.dtype, device=row.device)[:, None]).contiguous()
 
     # ---- varlen ----
 
@@ -333,6 +341,7 @@ class Packed:
                 raise RunFailed(Failure(Kind.OOB_WRITE, f"{outside.numel()} element(s) around the packed output "
                                                         f"changed (the first {int(outside[0])} elements into its "
                                                         "buffer): a write outside every sequence's rows"))
+            check_returned_out(result, gout.t, f"the returned {self.protocol} output")
         return result, lse
 
     @staticmethod

@@ -127,3 +127,44 @@ def reads_whole_last_page(q, k_cache, v_cache, block_table, cache_seqlens, *, ca
 def named_offsets(q, k, v, offsets_q, offsets_k, *, causal=False, scale=None):
     """A correct varlen kernel whose offsets have other names: it declares its protocol (--protocol varlen)."""
     return attention_varlen(q, k, v, offsets_q, offsets_k, causal=causal, scale=scale)
+
+
+def ignores_out(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None, out=None, return_lse=False):
+    """Takes out= and never writes it: the answer comes back in a fresh tensor (a wrapper that forgets to pass out
+    on to its launcher)."""
+    return attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale, return_lse=return_lse)
+
+
+def _alibi_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, alibi_slopes, row_of):
+    """A varlen loop with ALiBi: sequence b's scores get -slope * |i + Nk - Nq - j|, its slopes alibi_slopes[row_of(b)]
+    when they are (B, H), alibi_slopes when (H,)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    res = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
+    group = q.shape[1] // k.shape[1]
+    for b in range(len(cq) - 1):
+        qs = q[cq[b]:cq[b + 1]].transpose(0, 1).float()
+        ks = k[ck[b]:ck[b + 1]].transpose(0, 1).float().repeat_interleave(group, 0)
+        vs = v[ck[b]:ck[b + 1]].transpose(0, 1).float().repeat_interleave(group, 0)
+        nq, nk = qs.shape[1], ks.shape[1]
+        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[row_of(b)]
+        s = (qs @ ks.transpose(1, 2)) * scale
+        i = torch.arange(nq, device=q.device)[:, None]
+        j = torch.arange(nk, device=q.device)[None, :]
+        if slopes is not None:
+            s = s - slopes.float()[:, None, None] * (i + nk - nq - j).abs()
+        if causal:
+            s = s.masked_fill(j > i + nk - nq, float("-inf"))
+        p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+        res[cq[b]:cq[b + 1]] = (p @ vs).transpose(0, 1).to(q.dtype)
+    return res
+
+
+def alibi_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None, alibi_slopes=None):
+    """A correct varlen kernel with ALiBi: per-sequence slopes (B, H) read at each sequence's own row."""
+    return _alibi_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, alibi_slopes, lambda b: b)
+
+
+def alibi_slopes_of_sequence_0(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None, alibi_slopes=None):
+    """(B, H) slopes read at row 0 for every sequence (the batch index left out of the slopes' offset)."""
+    return _alibi_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, alibi_slopes, lambda b: 0)

@@ -57,6 +57,28 @@ def test_each_packed_bug_fails_its_case_naming_the_sequence(kernel, case, kind):
     assert first.where[0] == int(first.message.split()[1]), first.line()   # b is the sequence
 
 
+def test_a_packed_kernel_given_out_must_write_it():
+    """out= through the packed protocols: the adapter hands the dense oracle its own rows of out, so it checks
+    the packed out itself; a kernel that returns its answer in a fresh tensor and leaves out untouched fails."""
+    report = _verify(pk.ignores_out, "varlen_block_edges", properties=False)
+    assert report.exit_code == 1, str(report)
+    verdict = report.failures[0].verdict
+    assert str(verdict.kind) == "bad return" and "out= was given" in verdict.failures[0].message, str(report)
+    assert _verify(pk.attention_varlen, "varlen_block_edges", properties=False).exit_code == 0
+
+
+def test_per_sequence_alibi_slopes_differ_between_sequences():
+    """(B, H) slopes through the packed protocols: each sequence gets a row of its own, so a kernel that reads
+    sequence 0's row for every sequence fails (when every row was the judged one's, it passed)."""
+    only = "alibi_batch_heads_cross,alibi_heads_causal"
+    good = _verify(pk.alibi_varlen, only, properties=False)
+    assert good.exit_code == 0 and len(good.results) >= 2, str(good)
+    bad = _verify(pk.alibi_slopes_of_sequence_0, only, properties=False)
+    assert bad.exit_code == 1, str(bad)
+    assert {r.case.name for r in bad.failures} == {"alibi_batch_heads_cross[fp32]"}, str(bad)
+    assert str(bad.failures[0].verdict.kind) == "mismatch", str(bad)
+
+
 def test_the_leak_check_sees_a_leak_the_reference_cannot():
     """1e-4 of the next sequence's mean value: within fp16's tolerance on ordinary values (the reference passes
     it), not when the other sequences' values are near 500."""
