@@ -282,11 +282,10 @@ class Packed:
         gv = self._buffer("v", (pool, ps, Hkv, Dv), dt, device, nan)
         for b, (qi, ki, vi) in enumerate(seqs):
             gq.t[b] = qi[0]
-            for j in range(need[b]):
-                page, keys = int(table[b, j]), slice(j * ps, min((j + 1) * ps, lk[b]))
-                n = keys.stop - keys.start
-                gk.t[page, :n] = ki[0, :, keys].transpose(0, 1)
-                gv.t[page, :n] = vi[0, :, keys].transpose(0, 1)
+            j = torch.arange(lk[b])                        # key j: slot j % ps of page table[b, j // ps]
+            pages, slots = table[b, j // ps].long().to(device), (j % ps).to(device)
+            gk.t[pages, slots] = ki[0].transpose(0, 1)
+            gv.t[pages, slots] = vi[0].transpose(0, 1)
         gout = None
         if out is not None:
             gout = self._buffer("out", (B, H, nq, Dv), dt, device, inp.SENTINEL)
