@@ -34,6 +34,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -331,6 +332,7 @@ def _write_frame(fd, message):
 def serve():
     """The server's loop (started by Worker._start in a fresh interpreter)."""
     faulthandler.enable()     # a segfault in a kernel leaves a stack in the log
+    _die_with_parent()
     out = os.dup(1)
     os.dup2(2, 1)             # prints go to the log, never into a frame
     gpu = select_backend() == "gpu"
@@ -357,6 +359,21 @@ def serve():
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         _write_frame(out, ("gone", os.waitstatus_to_exitcode(status)))
+
+
+def _die_with_parent(every=1.0):
+    """The server runs in a session of its own (Worker._start), out of reach of the signals its parent gets: when
+    the parent dies without killing it (SIGTERM from a CI runner's timeout, SIGKILL), a watch thread sees that the
+    parent changed and kills the server's process group, its child included, within `every` seconds. Without it, a
+    child in the middle of a long call ran on at full CPU after verify was gone. (Not PR_SET_PDEATHSIG: that fires
+    when the thread that started the server ends, and verify --jobs starts servers from worker threads.)"""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(every)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    threading.Thread(target=watch, name="flashcheck-parent-watch", daemon=True).start()
 
 
 def _warm_up(gpu):
