@@ -8,6 +8,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
@@ -123,6 +124,28 @@ def test_buggy_example_hypothesis_shrinks_each_kind_to_a_cross_attention_case(bu
     assert cases["mismatch"].Nq < cases["mismatch"].Nk and cases["out-of-bounds read"].Nq > cases["out-of-bounds read"].Nk
     # shrunk: the seed's own report, one query against two keys
     assert (cases["mismatch"].Nq, cases["mismatch"].Nk, cases["mismatch"].D) == (1, 2, 1), explain(buggy)
+
+
+def test_a_shrink_stops_at_its_time_budget_with_the_simplest_failure_it_has():
+    """A slow kernel with a flaky failure spent 15 to 28 minutes shrinking (each candidate took seconds and most
+    passed): a shrink now stops at its seconds as at its steps, keeps what it reached, and says it stopped."""
+    from flashcheck.cases.declarations import Declarations
+    from flashcheck.cases.verify import generated
+
+    start = parse_case("Case('big', B=2, H=3, Nq=40, Nk=70, D=32, dtype='fp16', causal=True)")
+    now, judged = [0.0], []
+
+    def verdict_of(case):                    # every candidate takes 10 s; only fewer batches still fail
+        now[0] += 10.0
+        judged.append(case)
+        return SimpleNamespace(failed=case.B == 1, kind="NaN")
+    small, cut = generated.shrink(start, "NaN", verdict_of, Declarations(), ("fp32",), steps=80, seconds=35.0,
+                                  clock=lambda: now[0])
+    assert cut and len(judged) == 4 and small.B == 1, (small, judged)
+    now[0], judged[:] = 0.0, []
+    small, cut = generated.shrink(start, "NaN", verdict_of, Declarations(), ("fp32",), steps=80, seconds=1e9,
+                                  clock=lambda: now[0])
+    assert not cut and small.B == 1 and len(judged) > 4        # unhurried, it tries every other simpler step
 
 
 def test_jobs_judge_the_same_cases_with_the_same_verdicts(buggy, tmp_path):
@@ -388,6 +411,50 @@ def test_a_declared_value_that_starts_with_a_dash_parses():
     assert proc.returncode == 0, explain(proc)
     proc = verify(SDPA, "--empty-lse", "zero")
     assert proc.returncode == 2 and "--empty-lse" in proc.stderr and "+inf" in proc.stderr, explain(proc)
+
+
+def _processes_marked(mark):
+    """PIDs of this user's processes whose environment holds `mark` (verify's workers inherit it)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if mark.encode() in (entry / "environ").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux's /proc to find the workers")
+def test_a_verify_killed_by_its_runner_leaves_no_worker_behind(tmp_path):
+    """A CI runner's timeout sends verify SIGTERM: the worker servers (a session of their own, out of reach of that
+    signal) and the child in the middle of a call must go too; they ran on at full CPU."""
+    mark = f"FLASHCHECK_TEST_MARK={os.getpid()}_{tmp_path.name}"
+    env = dict(os.environ, **dict([mark.split("=")]))
+    proc = subprocess.Popen([sys.executable, "-m", "flashcheck", "verify", CHAOS, "--case",
+                             "Case('hangs', Nq=5, Nk=6, D=9)", "--compile-timeout", "600"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # verify, its servers and their children, all started and settled (the judging child in the kernel's
+        # hour-long call): the same processes for 3 s
+        deadline, seen, since = time.monotonic() + 120, [], time.monotonic()
+        while time.monotonic() < deadline and not (len(seen) >= 3 and time.monotonic() - since > 3.0):
+            now = sorted(_processes_marked(mark))
+            if now != seen:
+                seen, since = now, time.monotonic()
+            time.sleep(0.2)
+        assert len(seen) >= 3, f"verify's worker never started its child: {seen}"
+        proc.terminate()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while _processes_marked(mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _processes_marked(mark), f"left behind: {_processes_marked(mark)}"
+    finally:
+        proc.kill()
+        for pid in _processes_marked(mark):
+            os.kill(pid, 9)
 
 
 # ---- robustness: one run over every misbehaviour, each a case of its own head dim ----

@@ -7,6 +7,7 @@ by field towards the simplest case that still fails with that kind (B = H = 1, f
 default scale, fewer keys, queries and head dims), always within the declarations. A case drawn twice is
 judged once.
 """
+import time
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
@@ -18,6 +19,8 @@ from flashcheck.cases.generate.strategies import _fit, limits, representative, r
 
 MAX_KINDS = 5
 SHRINK_STEPS = 80          # judged cases a shrink may spend at most
+SHRINK_SECONDS = 90.0      # and seconds: past them a shrink keeps the simplest failing case it has (each candidate
+                           # of a slow kernel may take many seconds; a flaky failure makes most of them pass)
 
 
 def strategy(decl, dtypes, backend, caps):
@@ -53,21 +56,22 @@ def _simpler(case, decl, dtypes):
             yield cand
 
 
-def shrink(case, kind, verdict_of, decl, dtypes, steps=SHRINK_STEPS):
-    """The simplest case reached from `case` that still fails with `kind`, greedily, one field at a time."""
-    best = case
+def shrink(case, kind, verdict_of, decl, dtypes, steps=SHRINK_STEPS, seconds=SHRINK_SECONDS, clock=time.monotonic):
+    """The simplest case reached from `case` that still fails with `kind`, greedily, one field at a time, within
+    `steps` judged candidates and `seconds`. Returns (case, whether a budget ran out before no step was simpler)."""
+    best, deadline = case, clock() + seconds
     improved = True
-    while improved and steps > 0:
+    while improved:
         improved = False
         for cand in _simpler(best, decl, dtypes):
+            if steps <= 0 or clock() > deadline:
+                return best, True
             steps -= 1
             verdict = verdict_of(cand)
             if verdict.failed and str(verdict.kind) == kind:
                 best, improved = cand, True
                 break
-            if steps <= 0:
-                break
-    return best
+    return best, False
 
 
 @dataclass
@@ -166,10 +170,13 @@ def finish(drawn, verdicts, seed, decl, judge, the_run, record, progress, start,
     for case, verdict in zip(cases, judged):
         if verdict.failed:
             first.setdefault(str(verdict.kind), (place[case.key()], verdict))
-    kinds = {}
+    kinds, cut = {}, []
     for kind, (i, verdict) in list(first.items())[:MAX_KINDS]:
         progress.start(start + len(judged), f"shrinking a {kind} failure")
-        kinds[kind] = (i, verdict_of(shrink(verdict.case, kind, verdict_of, decl, drawn.dtypes)))
+        small, out_of_budget = shrink(verdict.case, kind, verdict_of, decl, drawn.dtypes)
+        kinds[kind] = (i, verdict_of(small))
+        if out_of_budget:
+            cut.append(kind)
     for case, verdict in zip(cases, judged):
         if verdict.failed and str(verdict.kind) not in kinds:    # failures: their kind's minimal case below
             i = place[case.key()]
@@ -183,6 +190,9 @@ def finish(drawn, verdicts, seed, decl, judge, the_run, record, progress, start,
                  + ", ".join(f"{k} ({v.case.name})" for k, (_, v) in kinds.items()))
         if len(first) > MAX_KINDS:
             line += f" ({len(first) - MAX_KINDS} more kind(s) not shrunk)"
+        if cut:
+            line += (f" (the shrink of {', '.join(cut)} stopped at its budget, {SHRINK_STEPS} cases or "
+                     f"{SHRINK_SECONDS:g} s: a smaller failing case may exist)")
     the_run.notes.append(line + ("" if seed is None else f" (--seed {seed})"))
 
 
