@@ -61,7 +61,8 @@ class Case:
     # packed sequences and paged caches (cases/protocols.py): judged on varlen and paged kernels only
     seqlens: tuple = None        # ((Nq, Nk), ...) per sequence, zero lengths legal; B, Nq, Nk follow (count, longest)
     page_size: int = None        # a paged kernel's page size (None: protocols.DEFAULT_PAGE)
-    max_seqlen_extra: int = 0    # max_seqlen_q/k passed this much above the longest sequence (a bound, not a length)
+    max_seqlen_extra: int = 0    # max_seqlen_q/k passed this much above the longest sequence (a bound, not a length);
+                                 # None: not passed (the protocol's default, None: the kernel finds the lengths itself)
 
     def __post_init__(self):
         if self.dtype not in DTYPES and self.dtype not in EXPANSIONS:
@@ -100,8 +101,9 @@ class Case:
             object.__setattr__(self, "Nk", max(1, max(p[1] for p in pairs)))
         if self.page_size is not None and (not isinstance(self.page_size, int) or self.page_size < 1):
             raise ValueError(f"case {self.name}: page_size must be an int >= 1")
-        if self.max_seqlen_extra < 0:
-            raise ValueError(f"case {self.name}: max_seqlen_extra must be >= 0")
+        if self.max_seqlen_extra is not None and not (isinstance(self.max_seqlen_extra, int)
+                                                      and self.max_seqlen_extra >= 0):
+            raise ValueError(f"case {self.name}: max_seqlen_extra must be None or an int >= 0")
 
     @property
     def kv_heads(self):

@@ -349,6 +349,12 @@ PACKED = [
          why="max_seqlen_q and max_seqlen_k given 37 larger than the longest sequence (legal: they are bounds): a "
              "kernel that takes them as the lengths reads past every sequence",
          H=2, D=16, causal=True, seqlens=((10, 12), (31, 29), (4, 9)), max_seqlen_extra=37, seed=128),
+    Case("varlen_max_seqlen_omitted",
+         why="max_seqlen_q and max_seqlen_k not passed (the protocol's default, None), the first sequence the "
+             "shortest: a kernel must find the longest sequence in the offsets, not take the first one's length, "
+             "the packed total's or a default tile as the bound of its grid",
+         H=2, D=16, causal=True, seqlens=((3, 5), (40, 33), (0, 2), (70, 90), (17, 17)), max_seqlen_extra=None,
+         seed=135),
     Case("varlen_gqa_window_softcap",
          why="GQA (6 on 2), a sliding window (8, 0) and softcap 5 in packed sequences of different lengths: the "
              "features' offsets count inside each sequence",

@@ -81,7 +81,7 @@ def seq_values(case, b, device):
 def segmented(case, protocol, decl=None, fit=None):
     """A generated dense case as a packed one, for a varlen or paged kernel: 2 to 6 sequences of lengths drawn from
     its seed up to its Nq and Nk (about one in five empty; its own Nk once), sharing Nq when paged, with a page
-    size of 1, 5, 16 or 64. fit(decl, n, lo) moves a length into the declarations; a case they still exclude, a
+    size of 1, 5, 16 or 64, and one varlen case in four without max_seqlen_q/k. fit(decl, n, lo) moves a length into the declarations; a case they still exclude, a
     hand-valued or a huge one stays as it is (replayed as B equal sequences)."""
     if protocol == DENSE or case.seqlens is not None or case.sample_heads or case.data == "explicit" \
             or case.expected is not None:
@@ -101,6 +101,8 @@ def segmented(case, protocol, decl=None, fit=None):
         lk = list(lq)
     packed = case.replace(seqlens=tuple(zip(lq, lk)), page_size=rnd.choice((1, 5, 16, 64)) if protocol == PAGED
                           else None)
+    if protocol == VARLEN and rnd.random() < 0.25:       # one in four without max_seqlen_q/k (their default)
+        packed = packed.replace(max_seqlen_extra=None)
     if decl is not None and decl.reasons(packed):
         return case
     return packed
@@ -235,10 +237,12 @@ class Packed:
             gv.t[ck[i]:ck[i + 1]] = vi[0].transpose(0, 1)
         cu_q = torch.tensor(cq, dtype=torch.int32, device=device)
         cu_k = torch.tensor(ck, dtype=torch.int32, device=device)
-        if "max_seqlen_q" in self._params:
-            kw["max_seqlen_q"] = max(lq) + self.case.max_seqlen_extra
-        if "max_seqlen_k" in self._params:
-            kw["max_seqlen_k"] = max(lk) + self.case.max_seqlen_extra
+        extra = self.case.max_seqlen_extra
+        for name, lengths in (("max_seqlen_q", lq), ("max_seqlen_k", lk)):
+            param = self._params.get(name)
+            if param is None or (extra is None and param.default is not inspect.Parameter.empty):
+                continue     # not passed: the protocol's default (None), the kernel finds its lengths in the offsets
+            kw[name] = max(lengths) + (extra or 0)
         gout = None
         if out is not None:
             gout = self._buffer("out", (cq[-1], H, Dv), dt, device, inp.SENTINEL)

@@ -168,3 +168,12 @@ def alibi_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=Non
 def alibi_slopes_of_sequence_0(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None, alibi_slopes=None):
     """(B, H) slopes read at row 0 for every sequence (the batch index left out of the slopes' offset)."""
     return _alibi_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, alibi_slopes, lambda b: 0)
+
+
+def max_seqlen_of_first_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
+                                 causal=False, scale=None):
+    """max_seqlen_k not given: the bound taken from the first sequence (cu_seqlens_k[1] - cu_seqlens_k[0]), so a
+    longer sequence's keys past it are never read (right whenever the bound is passed)."""
+    mk = max_seqlen_k if max_seqlen_k is not None else int(cu_seqlens_k[1] - cu_seqlens_k[0])
+    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale,
+                   keys=lambda b, cq, ck, total: slice(ck[b], min(ck[b + 1], ck[b] + mk)))

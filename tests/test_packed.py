@@ -43,6 +43,7 @@ def test_correct_kernels_pass_the_packed_entries_and_the_replayed_catalogue(kern
     (pk.max_seqlen_as_length, "varlen_max_seqlen_larger", "mismatch"),
     (pk.empty_sequence_writes_next, "varlen_empty_sequences", "mismatch"),
     (pk.causal_from_packed_totals, "varlen_cross_causal", "mismatch"),
+    (pk.max_seqlen_of_first_sequence, "varlen_max_seqlen_omitted", "mismatch"),
     (pk.pages_assumed_contiguous, "paged_decode_page_16", "NaN"),
     (pk.block_table_row_stride_off_by_one, "paged_page_size_1", "NaN"),
     (pk.reads_whole_last_page, "paged_odd_page_size", "NaN"),
@@ -124,7 +125,7 @@ def test_the_fused_kernels_varlen_entry_passes_the_packed_entries():
     from flashcheck.kernel import fused
 
     entries = "varlen_empty_sequences,varlen_cross_causal,varlen_block_edges,varlen_max_seqlen_larger," \
-              "varlen_gqa_window_softcap"
+              "varlen_max_seqlen_omitted,varlen_gqa_window_softcap"
     report = _verify(fused.attention_varlen, entries, properties=False)
     assert report.exit_code == 0, str(report)
     assert {n.partition("[")[0] for n, s in _statuses(report).items() if s == "pass"} == set(entries.split(","))
