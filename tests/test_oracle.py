@@ -1,4 +1,6 @@
 """The oracle must name each kind of failure: deliberately broken callables wrapped around the real kernel."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -116,6 +118,9 @@ def test_lse_checked():
         return out, lse / 0.6931471805599453
     verdict = judge(lse_in_log2)
     assert verdict.kind == "lse"
+    # an lse is one value per row: the failure names the row, not a column
+    line = verdict.failures[0].line()
+    assert re.search(r"^lse at \(b=\d+, h=\d+, row=\d+\): got", line) and "col=" not in line, line
 
 
 def test_properties_catch_what_one_reference_run_cannot():

@@ -61,7 +61,8 @@ class Failure:
         s = f"{self.kind}"
         if self.where is not None:
             b, h, i, d = self.where
-            s += f" at (b={b}, h={h}, row={i}, col={d})"
+            # an lse has one value per row: its element is the row (the col of its where is always 0)
+            s += f" at (b={b}, h={h}, row={i})" if self.kind == Kind.LSE else f" at (b={b}, h={h}, row={i}, col={d})"
         if self.got is not None:
             s += f": got {self.got:.7g}, expected {self.expected:.7g}"
             if self.tol is not None:

@@ -87,7 +87,7 @@ def _element(failure):
     if failure.where is None:
         return failure.message
     b, h, i, d = failure.where
-    s = f"b={b} h={h} row={i} col={d}"
+    s = f"b={b} h={h} row={i}" + ("" if str(failure.kind) == "lse" else f" col={d}")
     if failure.got is not None:
         s += f": got {failure.got:.6g}, expected {failure.expected:.6g}"
     return s
