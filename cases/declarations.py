@@ -25,6 +25,8 @@ SUPPORT = ("auto", "yes", "no")
 HEAD_MAPS = ("grouped", "interleaved")
 EMPTY_LSE = ("-inf", "+inf")
 PROTOCOLS = ("auto", "dense", "varlen", "paged")
+# the protocol's optional keywords, for a kernel whose **kwargs signature cannot show them (--keywords)
+KEYWORDS = ("out", "return_lse", "block_m", "block_n", "window", "softcap", "alibi_slopes")
 STRIDES = ("any", "last-dim-contiguous", "aligned", "contiguous")
 ATTRIBUTE = "flashcheck_declarations"
 # layouts of cases/inputs.py whose every tensor has a unit stride along the head dim ("mixed" holds a
@@ -67,6 +69,18 @@ def parse_ranges(value):
     if not ranges:
         raise DeclarationError(f"head dims {value!r}: empty")
     return tuple(ranges)
+
+
+def parse_keywords(value):
+    """--keywords: names among KEYWORDS, a "window,softcap" string or a sequence of them."""
+    names = [n.strip() for n in value.split(",")] if isinstance(value, str) else list(value)
+    bad = [n for n in names if n not in KEYWORDS]
+    if bad or not names:
+        raise DeclarationError(f"keywords {value!r}: expected names among {', '.join(KEYWORDS)}"
+                               + (f" (not: {', '.join(map(str, bad))})" if bad else ""))
+    if ("block_m" in names) != ("block_n" in names):
+        raise DeclarationError("keywords: block_m and block_n go together (a case pins both tiles)")
+    return tuple(dict.fromkeys(names))
 
 
 def ranges_text(ranges):
@@ -153,6 +167,10 @@ FIELDS = (
           "the backward (q, k and v's gradients through autograd): yes (judged on every case; an output without an "
           "autograd graph fails), no (not judged), or auto (the default: judged when the kernel's output carries "
           "autograd, which one small call tells)", "auto|yes|no"),
+    Field("keywords", "--keywords", parse_keywords, None,
+          "the protocol keywords a kernel with a **kwargs signature takes, which no signature shows: any of "
+          f"{', '.join(KEYWORDS)} (e.g. window,softcap,out); cases of those features are then judged",
+          "LIST", ",".join),
     Field("empty_lse", "--empty-lse", _choice("empty_lse", EMPTY_LSE), "-inf",
           "the log-sum-exp of a row that sees no key: -inf (the protocol; on a command line --empty-lse=-inf, "
           "since a bare -inf reads as an option) or +inf (FlashAttention's kernels)", "-inf|+inf"),
@@ -178,6 +196,7 @@ class Declarations:
     dv: str = "auto"
     head_map: str = "grouped"
     empty_lse: str = "-inf"
+    keywords: tuple = None
     protocol: str = "auto"
     backward: str = "auto"
     given: tuple = field(default=(), compare=False)   # the names declared (not left at their default)

@@ -114,7 +114,9 @@ def missing(case, caps):
         if f.name in caps.features:
             continue
         note = (caps.notes.get(f.name) if caps.notes else None) or "not declared"
-        if f.keyword is not None:
+        if f.keyword is not None and getattr(caps, "var_kw", False):
+            out.append(f"{f.what} (its **kwargs shows no {f.keyword}=: --keywords {f.keyword} declares it)")
+        elif f.keyword is not None:
             out.append(f"{f.what} (the signature has no {f.keyword}=)")
         elif note.startswith("probed, "):     # the whole answer is on the capabilities line
             out.append(f"{f.what} ({note.split(':', 1)[0]}; --{f.name} yes judges it anyway)")

@@ -7,6 +7,7 @@ verdict's strictness."""
 import pytest
 
 import flashcheck
+from flashcheck.cases.errors import UsageError
 from tests import feature_kernels as fk
 
 GQA = "gqa_groups_of_three,gqa_groups_of_four_causal,mqa_decode"
@@ -70,6 +71,24 @@ def test_a_keyword_feature_comes_from_the_signature():
     # a kernel that takes window= is judged on it: one that ignores it fails both
     ignored = _verify(fk.window_ignored, "window_diagonal_only,window_hand_4x4")
     assert len(ignored.failures) == 2, str(ignored)
+
+
+def test_a_kwargs_kernel_declares_the_keywords_it_takes():
+    """A **kwargs signature shows no keyword: its window and softcap cases are skipped, and the capabilities line
+    says how to declare them; declared (--keywords), they are judged, out= and return_lse too."""
+    only = "window_diagonal_only,softcap_tanh_region,causal_square"
+    hidden = _verify(fk.fused_through_kwargs, only)
+    skipped = [r for r in hidden.results if r.status == "skip"]
+    assert hidden.exit_code == 0 and len(skipped) == 2, str(hidden)
+    assert all("--keywords" in r.reason for r in skipped), [r.reason for r in skipped]
+    assert "--keywords declares those it takes" in str(hidden), str(hidden)
+    shown = _verify(fk.fused_through_kwargs, only, keywords="window,softcap,out,return_lse")
+    assert shown.exit_code == 0 and {r.status for r in shown.results} == {"pass"}, str(shown)
+    line = str(shown)
+    assert "out= yes, return_lse= yes" in line and "window= yes" in line and "softcap= yes" in line, line
+    # a keyword the signature cannot take (no such parameter, no **kwargs) is a usage error, not failed cases
+    with pytest.raises(UsageError, match=r"has no window= and no \*\*kwargs"):
+        _verify(fk.grouped, only, keywords="window")
 
 
 @pytest.mark.parametrize("kernel, declared, passes", [

@@ -21,4 +21,4 @@ from flashcheck.cases.oracle.layers import (  # noqa: F401
                                            protocol_kwargs,
                                            where_raised,
 )
-from flashcheck.cases.oracle.verdict import Capabilities, Failure, Outcome, RunFailed, Verdict  # noqa: F401
+from flashcheck.cases.oracle.verdict import Capabilities, Failure, Outcome, RunFailed, Verdict, showing_keywords  # noqa: F401,E501

@@ -10,7 +10,7 @@ Outcomes (Verdict.status):
   out of memory  the kernel (or the inputs of this case) did not fit in memory
 """
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from flashcheck.cases import features
 from flashcheck.cases.oracle.kinds import Kind
@@ -28,6 +28,7 @@ class Capabilities:
     features: frozenset = frozenset()   # the optional features it has (cases/features.py names)
     notes: dict = None                  # feature -> how its support (or its lack) was found out, when probed
     protocol: str = "dense"             # dense, varlen or paged (cases/protocols.py): the signature's or declared
+    var_kw: bool = False                # the signature has **kwargs (its keywords are declared: --keywords)
 
     @classmethod
     def of(cls, kernel):
@@ -39,9 +40,48 @@ class Capabilities:
         return cls(out="out" in params, lse="return_lse" in params,
                    blocks="block_m" in params and "block_n" in params,
                    causal=var_kw or "causal" in params, scale=var_kw or "scale" in params,
-                   features=features.from_signature(params),
+                   features=features.from_signature(params), var_kw=var_kw,
                    # the calling protocol by its positional arguments' names (cases/protocols.py; --protocol)
                    protocol="varlen" if "cu_seqlens_q" in params else "paged" if "block_table" in params else "dense")
+
+
+    def with_keywords(self, names):
+        """These capabilities with the keywords `names` (declared: --keywords) taken too."""
+        names = set(names or ())
+        return replace(self, out=self.out or "out" in names, lse=self.lse or "return_lse" in names,
+                       blocks=self.blocks or {"block_m", "block_n"} <= names,
+                       features=self.features | features.from_signature(names))
+
+    def lacks(self, names):
+        """Of the keywords `names`, those this signature cannot take (no such parameter and no **kwargs)."""
+        if self.var_kw:
+            return []
+        has = {"out": self.out, "return_lse": self.lse, "block_m": self.blocks, "block_n": self.blocks}
+        has.update({f.keyword: f.name in self.features for f in features.FEATURES if f.keyword})
+        return [n for n in names if not has.get(n)]
+
+
+def showing_keywords(kernel, names):
+    """The kernel as the oracle sees it when keywords its **kwargs takes are declared (--keywords): the same callable
+    with a signature that shows them, so that every reading of its capabilities (Capabilities.of, here and in the
+    properties, the adapters, the backward) finds them."""
+    if not names:
+        return kernel
+    try:
+        sig = inspect.signature(kernel)
+    except (TypeError, ValueError):
+        return kernel
+    params = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    var = [p for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD]
+    extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
+             for n in names if n not in {p.name for p in params}]
+
+    def call(*args, **kwargs):
+        return kernel(*args, **kwargs)
+    for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+        setattr(call, attr, getattr(kernel, attr, None))
+    call.__signature__ = sig.replace(parameters=params + extra + var)
+    return call
 
 
 @dataclass

@@ -216,6 +216,8 @@ def capabilities_line(run):
         else:
             shown.append(f"{f.label} {has}" + (f" ({note})" if note else ""))
     line += "; features: " + ", ".join(shown)
+    if getattr(c, "var_kw", False) and not any(d.startswith("--keywords") for d in run.declared or ()):
+        line += " (a **kwargs signature shows no keyword: --keywords declares those it takes)"
     note = (c.notes or {}).get("backward")
     if note is not None:
         line += f"; backward {'yes' if 'backward' in c.features else 'no'} ({note})"

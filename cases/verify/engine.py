@@ -287,6 +287,12 @@ def support(runner, info, decl, backend, needed):
     caps = info["caps"]
     if decl.protocol != "auto":
         caps = replace(caps, protocol=decl.protocol)
+    if decl.keywords:
+        lacking = caps.lacks(decl.keywords)
+        if lacking:
+            raise UsageError(f"--keywords {','.join(decl.keywords)}: the kernel's signature has no "
+                             f"{', '.join(n + '=' for n in lacking)} and no **kwargs to take them")
+        caps = caps.with_keywords(decl.keywords)
     conventions = Conventions.of(decl)
     shape = probe_shape(decl)
     asks = [(name, getattr(decl, name), (PROBE, name, _DTYPE, conventions, caps.protocol, shape))

@@ -49,6 +49,7 @@ def judge_case(kernel, case, settings):
     """The Verdict of one case; nothing raised here escapes (a kernel can surprise the oracle). A varlen or paged
     kernel has each sequence of the case judged as a dense case, through its adapter (cases/verify/packed.py)."""
     try:
+        kernel = oracle.showing_keywords(kernel, settings.decl.keywords)     # --keywords, for a **kwargs signature
         protocol = protocols.of_kernel(kernel, settings.decl)
         if protocol != protocols.DENSE:
             verdict = packed.judge(kernel, protocol, case, settings, _judge)
