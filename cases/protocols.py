@@ -231,10 +231,15 @@ class Packed:
         gq = self._buffer("q", (cq[-1], H, D), dt, device, nan)
         gk = self._buffer("k", (ck[-1], Hkv, D), dt, device, nan)
         gv = self._buffer("v", (ck[-1], Hkv, Dv), dt, device, nan)
+        # an empty sequence's rows are not copied: with autograd, an empty slice of a leaf that requires grad copied
+        # into a buffer left that buffer so that the next sequence's copy raised ("a leaf Variable that requires grad
+        # is being used in an in-place operation"), failing a correct kernel's backward
         for i, (qi, ki, vi) in enumerate(seqs):
-            gq.t[cq[i]:cq[i + 1]] = qi[0].transpose(0, 1)
-            gk.t[ck[i]:ck[i + 1]] = ki[0].transpose(0, 1)
-            gv.t[ck[i]:ck[i + 1]] = vi[0].transpose(0, 1)
+            if lq[i]:
+                gq.t[cq[i]:cq[i + 1]] = qi[0].transpose(0, 1)
+            if lk[i]:
+                gk.t[ck[i]:ck[i + 1]] = ki[0].transpose(0, 1)
+                gv.t[ck[i]:ck[i + 1]] = vi[0].transpose(0, 1)
         cu_q = torch.tensor(cq, dtype=torch.int32, device=device)
         cu_k = torch.tensor(ck, dtype=torch.int32, device=device)
         extra = self.case.max_seqlen_extra
@@ -285,7 +290,10 @@ class Packed:
         gk = self._buffer("k", (pool, ps, Hkv, D), dt, device, nan)
         gv = self._buffer("v", (pool, ps, Hkv, Dv), dt, device, nan)
         for b, (qi, ki, vi) in enumerate(seqs):
-            gq.t[b] = qi[0]
+            if nq:                                         # (no empty copies: see _varlen)
+                gq.t[b] = qi[0]
+            if not lk[b]:
+                continue
             j = torch.arange(lk[b])                        # key j: slot j % ps of page table[b, j // ps]
             pages, slots = table[b, j // ps].long().to(device), (j % ps).to(device)
             gk.t[pages, slots] = ki[0].transpose(0, 1)

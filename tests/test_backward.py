@@ -137,6 +137,19 @@ def test_a_packed_kernels_backward_is_judged_sequence_by_sequence(correct, buggy
         and f"backward: {gradient}:" in first.message, first.line()
 
 
+def test_a_sequence_without_queries_among_others_keeps_a_correct_backward_passing():
+    """A sequence of no queries judged among others: its empty q was copied into the packed buffer as an empty slice
+    of a leaf that requires grad, and the next sequence's copy then raised ("a leaf Variable that requires grad is
+    being used in an in-place operation"), failing a correct kernel's backward (found by a generated bf16 case); an
+    empty q, k or v, which no path reaches, has its gradient taken as empty, not missing."""
+    from flashcheck.cases.case import parse_case
+
+    case = parse_case("Case('no_queries_then_queries', H=2, D=8, dtype='fp32', seqlens=((0, 5), (0, 3), (4, 6)), "
+                      "seed=5)")
+    report = flashcheck.verify("examples/varlen_attention.py:attention_varlen", cases=[case], properties=False)
+    assert report.exit_code == 0 and "backward" in report.run.caps.features, str(report)
+
+
 def test_a_backward_that_mixes_sequences_fails():
     """A varlen backward that sums one sequence's output gradient into the previous sequence's dk and dv (its
     forward exact, every dq right) fails: the packed adapter gives the other sequences' output rows a gradient of
