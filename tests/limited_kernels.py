@@ -147,3 +147,23 @@ def output_sized_by_d(q, k, v, *, causal=False, scale=None):
     out = matmul_softmax(q, k, v, causal=causal, scale=scale)
     D, Dv = q.shape[-1], v.shape[-1]
     return F.pad(out, (0, D - Dv)) if Dv < D else out[..., :D]
+
+
+def top_left_window(q, k, v, *, causal=False, scale=None, window=None):
+    """Causal mask and window counted from the first key (query i sees keys i - left .. i + right, and j <= i when
+    causal), as kernels written before FlashAttention 2.1 do: right only when declared --causal-align top-left."""
+    scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
+    nq, nk = q.shape[-2], k.shape[-2]
+    i = torch.arange(nq, device=q.device)[:, None]
+    j = torch.arange(nk, device=q.device)[None, :]
+    sees = torch.ones(nq, nk, dtype=torch.bool, device=q.device)
+    if causal:
+        sees &= j <= i
+    if window is not None:
+        left, right = window
+        if left is not None:
+            sees &= j >= i - left
+        if right is not None:
+            sees &= j <= i + right
+    s = (q.float() @ k.float().transpose(-1, -2) * scale).masked_fill(~sees, float("-inf"))
+    return (torch.softmax(s, dim=-1).nan_to_num(0.0) @ v.float()).to(q.dtype)

@@ -76,6 +76,17 @@ def test_top_left_causal_is_judged_against_a_top_left_reference():
     assert row(right.stdout, "causal_nq_gt_nk[fp32]")[1] == "PASS"     # judged, not skipped
 
 
+def test_a_hand_value_worked_out_bottom_right_is_not_held_against_a_declared_top_left_kernel():
+    """window_hand_bottom_right's exact 3 and 6 are the protocol's alignment; a kernel declared top-left gives 1 and
+    1.5 there, rightly, and is judged against the top-left reference alone (it failed on the hand value)."""
+    cases = "window_hand_bottom_right,window_hand_4x4,window_with_causal"
+    right = verify(f"{LIMITED}:top_left_window", "--only", cases, "--causal-align", "top-left", "--dtypes", "fp32")
+    assert right.returncode == 0, explain(right)
+    assert row(right.stdout, "window_hand_bottom_right[fp32]")[1] == "PASS"
+    wrong = verify(f"{LIMITED}:top_left_window", "--only", cases, "--dtypes", "fp32", "-q")
+    assert wrong.returncode == 1 and "window_hand_bottom_right[fp32]" in wrong.stdout, explain(wrong)
+
+
 def test_signature_without_causal_is_an_undeclared_feature(tmp_path):
     proc, rep = _json(tmp_path, f"{LIMITED}:no_causal_keyword", "--only", "causal_square,partial_last_key_block")
     assert proc.returncode == 0, explain(proc)

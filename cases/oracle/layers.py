@@ -348,9 +348,17 @@ def compare(got, exp, tol, what=Kind.MISMATCH):
     return None, worst
 
 
-def _hand_value(case, qkv):
-    """The case's hand-computed answer as a (B, H, Nq, Dv) float64 array, or None (v as the query heads read it)."""
+def _hand_value(case, qkv, conventions=Conventions()):
+    """The case's hand-computed answer as a (B, H, Nq, Dv) float64 array, or None (v as the query heads read it).
+    None too where a declared convention changes the answer: a hand value is worked out under the protocol's (a
+    top-left kernel's window (1, 0) at Nq = 2, Nk = 4 gives 1, not the bottom-right 3); the reference, computed
+    under the declared conventions, still judges the case."""
     if case.expected is None:
+        return None
+    moved = (conventions.causal_align != "bottom-right" and case.Nq != case.Nk
+             and (case.causal or case.window is not None or case.alibi is not None))
+    regrouped = conventions.head_map != "grouped" and case.Hkv not in (None, 1, case.H)
+    if moved or regrouped:
         return None
     v = _to_numpy(qkv[2])[:, features.problem(case).kv_heads()]
     shape = (case.B, case.H, case.Nq, case.v_dim)
@@ -461,7 +469,7 @@ def _judge(kernel, case, device, target, caps, conventions, measure, keep):
         # an exact hand value (7.5) is held bit-exact: a job the reference's tolerance, a few ulps wide, cannot do.
         # The others (the mean of V, one key's row) equal the float64 reference to its rounding, so against the
         # kernel they would add nothing to it: tests/test_oracle.py holds the reference to them instead
-        hand = _hand_value(case, qkv)
+        hand = _hand_value(case, qkv, conventions)
         if hand is not None and heads is None and _exact_in(case, hand):
             fail, _ = compare(got, hand, 0.0, what=Kind.HAND_VALUE)
             if fail is not None:
