@@ -174,33 +174,47 @@ def varlen_dkv_from_the_next_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, *, ma
     return (o, lse) if return_lse else o
 
 
-def _fa2_probabilities(q, k, scale, causal):
-    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+def _fa2_scores(q, k, scale, causal, prescaled=False):
+    """The float32 scores; prescaled: q times the scale first (a backward's own order of the same products: its
+    scores differ from the forward's in their last bits)."""
+    s = (torch.matmul(q.float() * scale, k.float().transpose(-1, -2)) if prescaled
+         else torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale)
     nq, nk = q.shape[-2], k.shape[-2]
     if causal:
         seen = torch.arange(nk, device=q.device)[None, :] <= torch.arange(nq, device=q.device)[:, None] + nk - nq
         s = s.masked_fill(~seen, float("-inf"))
-    m = s.amax(-1, keepdim=True).clamp_min(-1e30) if nk else s.sum(-1, keepdim=True)
+    return s
+
+
+def _fa2_probabilities(q, k, scale, causal):
+    """The forward's P (from the row max) and the row's float32 lse (-inf for a row that sees no key)."""
+    s = _fa2_scores(q, k, scale, causal)
+    m = s.amax(-1, keepdim=True).clamp_min(-1e30) if s.shape[-1] else s.sum(-1, keepdim=True)
     e = torch.exp(s - m)
-    return e / e.sum(-1, keepdim=True).clamp_min(1e-30)
+    total = e.sum(-1, keepdim=True)
+    lse = torch.where(total > 0, m + torch.log(total), float("-inf"))
+    return e / total.clamp_min(1e-30), lse
 
 
 class _FA2Rounding(torch.autograd.Function):
     """FlashAttention-2's roundings (no GQA): scores and P in fp32, P and dS rounded to the input dtype before their
-    dots (fp32 accumulation), O rounded to the dtype and D_i = rowsum(dO * O) taken from the rounded O."""
+    dots (fp32 accumulation), O rounded to the dtype and D_i = rowsum(dO * O) taken from the rounded O, and the
+    backward's P rebuilt from the saved float32 lse (on scores of 1e9 its last bit is worth 64: P off by 2^(tens))."""
     @staticmethod
     def forward(ctx, q, k, v, causal, scale):
-        p = _fa2_probabilities(q, k, scale, causal)
+        p, lse = _fa2_probabilities(q, k, scale, causal)
         o = torch.matmul(p.to(q.dtype).float(), v.float()).to(q.dtype)
-        ctx.save_for_backward(q, k, v, o)
+        ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale = causal, scale
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o = ctx.saved_tensors
+        q, k, v, o, lse = ctx.saved_tensors
         dt = q.dtype
-        p = _fa2_probabilities(q, k, ctx.scale, ctx.causal)
+        # P rebuilt from the scores and the saved float32 lse, as FlashAttention-2's backward does
+        s = _fa2_scores(q, k, ctx.scale, ctx.causal, prescaled=True)
+        p = torch.where(torch.isfinite(lse), torch.exp(s - lse), 0.0)
         dv = torch.matmul(p.to(dt).float().transpose(-1, -2), do.float()).to(dt)
         dp = torch.matmul(do.float(), v.float().transpose(-1, -2))
         di = (do.float() * o.float()).sum(-1, keepdim=True)
