@@ -174,6 +174,35 @@ def varlen_dkv_from_the_next_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, *, ma
     return (o, lse) if return_lse else o
 
 
+class _UnwrittenGradient(torch.autograd.Function):
+    """0 forward; backward: NaN for every element of x (a gradient buffer allocated and never written)."""
+    @staticmethod
+    def forward(ctx, x, dv):
+        ctx.shape = x.shape
+        return x.new_zeros(x.shape[0], x.shape[1], dv)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.full(ctx.shape, float("nan"), dtype=grad.dtype, device=grad.device), None
+
+
+def varlen_dq_of_keyless_unwritten(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
+                                   causal=False, scale=None):
+    """The plain varlen kernel, its forward exact; its backward skips the sequences without keys, so their queries'
+    dq rows keep what the allocation held (NaN here) where the answer is 0."""
+    from examples.varlen_attention import attention_varlen
+    o = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                         causal=causal, scale=scale)
+    if torch.is_grad_enabled() and q.requires_grad:
+        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        extra = torch.zeros_like(o)
+        for i in range(len(cq) - 1):
+            if ck[i + 1] == ck[i] and cq[i + 1] > cq[i]:
+                extra[cq[i]:cq[i + 1]] = _UnwrittenGradient.apply(q[cq[i]:cq[i + 1]], v.shape[-1])
+        o = o + extra
+    return o
+
+
 def _fa2_scores(q, k, scale, causal, prescaled=False):
     """The float32 scores; prescaled: q times the scale first (a backward's own order of the same products: its
     scores differ from the forward's in their last bits)."""

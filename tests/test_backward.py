@@ -152,6 +152,17 @@ def test_a_sequence_without_queries_among_others_keeps_a_correct_backward_passin
     assert report.exit_code == 0 and "backward" in report.run.caps.features, str(report)
 
 
+def test_the_backward_of_a_sequence_without_keys_is_judged():
+    """Its output is 0 whatever its queries, so their gradient must be exactly 0: a backward that skips such a
+    sequence (its dq rows never written) passed, since the sequence's forward alone was checked."""
+    only = "varlen_empty_sequences,varlen_one_row"
+    bad = _verify(bk.varlen_dq_of_keyless_unwritten, only=only, dtypes="fp32")
+    assert bad.exit_code == 1, str(bad)
+    first = bad.failures[0].verdict.failures[0]
+    assert str(first.kind) == "gradient" and "a sequence without keys" in first.message, first.line()
+    assert _verify("examples/varlen_attention.py:attention_varlen", only=only, dtypes="fp32").exit_code == 0
+
+
 def test_a_backward_that_mixes_sequences_fails():
     """A varlen backward that sums one sequence's output gradient into the previous sequence's dk and dv (its
     forward exact, every dq right) fails: the packed adapter gives the other sequences' output rows a gradient of

@@ -12,7 +12,7 @@ import torch
 
 from flashcheck.cases import oracle, protocols
 from flashcheck.cases.backend import device
-from flashcheck.cases.oracle import Failure, Kind
+from flashcheck.cases.oracle import Failure, Kind, backward
 
 ENDS = ("unsupported", "out of memory", "timeout", "skip")
 
@@ -127,4 +127,32 @@ def _no_keys(kernel, protocol, case, b, settings):
             w = tuple(int(x) for x in torch.nonzero(off)[0])
             return Failure(Kind.LSE, f"a sequence without keys: its lse must be {want} (--empty-lse)",
                            where=w + (0,), got=float(lse[w]), expected=want)
+    if settings.backward and qkv[0].numel():
+        return _no_keys_backward(adapter, protocols.sub_case(case, b), qkv)
+    return None
+
+
+def _no_keys_backward(adapter, sub, qkv):
+    """The backward of a sequence without keys: its output is 0 whatever its queries, so their gradient must be
+    exactly 0 (a backward that skips such a sequence leaves its dq rows as the allocation held them). Returns a
+    Failure or None (None too when this call's output carries no graph: the case's other sequences judge that)."""
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in qkv)
+    dout = backward.output_gradient(sub, device())
+    try:
+        result = adapter(q, k, v, **oracle.protocol_kwargs(sub, oracle.Capabilities.of(adapter), device()))
+        result = result[0] if isinstance(result, (tuple, list)) else result
+        if not backward.differentiable(result):
+            return None
+        dq = torch.autograd.grad(result, (q,), dout, allow_unused=True)[0]
+    except Exception as exc:  # noqa: BLE001  (a kernel's backward can raise anything)
+        kind, text = oracle.classify_exception(exc)
+        return Failure(Kind.GRADIENT if kind == Kind.EXCEPTION else kind,
+                       f"a sequence without keys: backward raised: {text.splitlines()[0][:300]}")
+    if dq is None:
+        return None
+    bad = ~(dq == 0)
+    if bool(bad.any()):
+        w = tuple(int(x) for x in torch.nonzero(bad)[0])
+        return Failure(Kind.GRADIENT, f"backward: dq: {int(bad.sum())} element(s) wrong; a sequence without keys: its "
+                                      "queries' gradient must be 0", where=w, got=float(dq[w]), expected=0.0)
     return None
