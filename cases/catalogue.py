@@ -374,6 +374,16 @@ PACKED = [
          why="pages of 7 slots, not a power of two and not a multiple of any tile: every tile crosses a page "
              "boundary, so a kernel that maps a whole tile through one table entry reads the wrong page",
          H=2, D=16, causal=True, seqlens=((3, 20), (3, 7), (3, 1), (3, 50)), page_size=7, seed=133),
+    Case("paged_gqa_small_pages",
+         why="GQA (6 query heads on 2 kv heads) through pages of 3 slots: each query head must read its group's kv "
+             "head in every page (a kernel that maps heads otherwise for pages smaller than its tile passed every "
+             "paged entry, none of which had Hkv < H beside MQA, where every map agrees)",
+         H=6, Hkv=2, D=16, causal=True, seqlens=((3, 20), (3, 9), (3, 1), (3, 33)), page_size=3, seed=136),
+    Case("paged_window",
+         why="a sliding window (7, 2) over paged caches of different lengths: the window's offset is each sequence's "
+             "own Nk - Nq, not the longest cache's (no paged entry had a window, and the dense window entries "
+             "replay as sequences of equal lengths)",
+         H=2, D=16, window=(7, 2), seqlens=((4, 30), (4, 11), (4, 5), (4, 19)), page_size=5, seed=137),
     Case("paged_at_capacity",
          why="cache lengths that fill their last page to its last slot (32 and 48 keys in pages of 16): the bound "
              "of the last page is its size, not one less",

@@ -177,3 +177,47 @@ def max_seqlen_of_first_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seq
     mk = max_seqlen_k if max_seqlen_k is not None else int(cu_seqlens_k[1] - cu_seqlens_k[0])
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale,
                    keys=lambda b, cq, ck, total: slice(ck[b], min(ck[b + 1], ck[b] + mk)))
+
+
+def _paged_features(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, window, interleaved, offset):
+    """A plain paged loop with GQA and a window; interleaved(page) -> whether query head h reads kv head h % Hkv;
+    offset(b, nq, nk, lens) -> the diagonal's offset of sequence b (right: nk - nq)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    page, Hq, Hkv = k_cache.shape[1], q.shape[1], k_cache.shape[2]
+    lens = cache_seqlens.tolist()
+    heads = (torch.arange(Hq) % Hkv) if interleaved(page) else (torch.arange(Hq) // (Hq // Hkv))
+    res = torch.empty(*q.shape[:3], v_cache.shape[3], dtype=q.dtype, device=q.device)
+    for b, n in enumerate(lens):
+        j = torch.arange(n, device=q.device)
+        pages, slots = block_table[b, j // page].long(), j % page
+        k = k_cache[pages, slots].transpose(0, 1)[heads].float()
+        v = v_cache[pages, slots].transpose(0, 1)[heads].float()
+        nq = q.shape[2]
+        s = (q[b].float() @ k.transpose(1, 2)) * scale
+        i = torch.arange(nq, device=q.device)[:, None] + offset(b, nq, n, lens)
+        sees = torch.ones(nq, n, dtype=torch.bool, device=q.device)
+        if causal:
+            sees &= j[None, :] <= i
+        if window is not None:
+            if window[0] is not None:
+                sees &= j[None, :] >= i - window[0]
+            if window[1] is not None:
+                sees &= j[None, :] <= i + window[1]
+        p = torch.softmax(s.masked_fill(~sees, float("-inf")), dim=-1).nan_to_num(0.0)
+        res[b] = (p @ v).to(q.dtype)
+    return res
+
+
+def heads_interleaved_on_small_pages(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=False, scale=None,
+                                     window=None):
+    """GQA heads mapped h % Hkv (not h // group) on the path for pages smaller than a 16-key tile."""
+    return _paged_features(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, window,
+                           lambda page: page < 16, lambda b, nq, nk, lens: nk - nq)
+
+
+def window_offset_from_the_longest_cache(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=False,
+                                         scale=None, window=None):
+    """The window's (and causal diagonal's) offset taken from the longest cache, max(cache_seqlens) - Nq, for every
+    sequence: right for the longest only."""
+    return _paged_features(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, window,
+                           lambda page: False, lambda b, nq, nk, lens: max(lens) - nq)
