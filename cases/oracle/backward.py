@@ -87,9 +87,9 @@ def judge(kernel, case, caps, qkv, device, conventions, kwargs, required=False):
     kappa = _kappa(pb, *exact[:2])
     most = float(kappa.max()) if kappa.numel() else 0.0
     if most > UNRESOLVED:
-        raise Declined(f"scores so large that float32 resolves them only to within {most:.3g} (a probability to "
-                       f"within a factor e^{most:.3g}): a correct backward that rebuilds P from the saved float32 lse, "
-                       "as FlashAttention's does, has gradients no bound can tell from wrong ones")
+        raise Declined(f"scores too large for float32 to resolve (probabilities known only to within a factor "
+                       f"e^kappa, kappa > {UNRESOLVED:g}): a correct backward that rebuilds P from the saved float32 "
+                       "lse, as FlashAttention's does, has gradients no bound can tell from wrong ones")
     dout = output_gradient(case, device)
     try:
         result = kernel(q, k, v, **kwargs)
