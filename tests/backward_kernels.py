@@ -259,3 +259,29 @@ def fa2_rounding(q, k, v, *, causal=False, scale=None):
     if k.shape[1] != q.shape[1]:
         raise NotImplementedError("no GQA")
     return _FA2Rounding.apply(q, k, v, causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+
+
+class _DoAssumedContiguous(torch.autograd.Function):
+    """The plain kernel's forward; its backward reads dO's memory as a contiguous (B, H, Nq, Dv) tensor from its
+    first element, whatever its strides (a launcher that passes do.data_ptr() without do.stride())."""
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        from examples.plain_attention import matmul_softmax
+        ctx.save_for_backward(q, k, v)
+        ctx.causal, ctx.scale = causal, scale
+        return matmul_softmax(q, k, v, causal=causal, scale=scale)
+
+    @staticmethod
+    def backward(ctx, do):
+        from examples.plain_attention import matmul_softmax
+        packed = torch.as_strided(do, do.shape, torch.empty(do.shape).stride(), do.storage_offset())
+        with torch.enable_grad():
+            q, k, v = (t.detach().requires_grad_(True) for t in ctx.saved_tensors)
+            out = matmul_softmax(q, k, v, causal=ctx.causal, scale=ctx.scale)
+            dq, dk, dv = torch.autograd.grad(out, (q, k, v), packed)
+        return dq, dk, dv, None, None
+
+
+def do_assumed_contiguous(q, k, v, *, causal=False, scale=None):
+    """Right whenever dO is contiguous."""
+    return _DoAssumedContiguous.apply(q, k, v, causal, scale)

@@ -163,6 +163,14 @@ def test_the_backward_of_a_sequence_without_keys_is_judged():
     assert _verify("examples/varlen_attention.py:attention_varlen", only=only, dtypes="fp32").exit_code == 0
 
 
+def test_the_output_gradient_is_laid_out_as_the_cases_output():
+    """dO comes strided (as the case lays out its output) and NaN-guarded: a backward that reads it as if it were
+    contiguous passed every case while dO always was; it fails the layout cases and passes the contiguous ones."""
+    bad = _verify(bk.do_assumed_contiguous, only="layout_bthd,partial_last_key_block", dtypes="fp32")
+    assert bad.exit_code == 1 and [r.case.name for r in bad.failures] == ["layout_bthd[fp32]"], str(bad)
+    assert str(bad.failures[0].verdict.failures[0].kind) == "gradient", str(bad)
+
+
 def test_a_backward_that_mixes_sequences_fails():
     """A varlen backward that sums one sequence's output gradient into the previous sequence's dk and dv (its
     forward exact, every dq right) fails: the packed adapter gives the other sequences' output rows a gradient of

@@ -58,10 +58,16 @@ def differentiable(result):
 
 
 def output_gradient(case, device):
-    """dO of a case: standard normal values from the case's seed, rounded to its dtype."""
+    """dO of a case: standard normal values from the case's seed, rounded to its dtype, laid out as the case lays out
+    its output (strided for every layout but contiguous) inside NaN guards: a backward that reads dO as if it were
+    contiguous, as a caller's reshape or transpose seldom leaves it, or reads past it, shows (it passed every case
+    when dO was always contiguous)."""
     g = torch.Generator().manual_seed(case.seed * 7919 + 17)
     shape = (case.B, case.H, case.Nq, case.v_dim)
-    return torch.randn(shape, generator=g, dtype=torch.float32).to(case.torch_dtype).to(device)
+    values = torch.randn(shape, generator=g, dtype=torch.float32).to(case.torch_dtype)
+    buf = inp.guarded(shape, case.torch_dtype, device, inp.tensor_layout(case.layout, "out"), float("nan"))
+    buf.t.copy_(values.to(device))
+    return buf.t
 
 
 def leaves(case, qkv, device):
