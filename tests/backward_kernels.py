@@ -285,3 +285,15 @@ class _DoAssumedContiguous(torch.autograd.Function):
 def do_assumed_contiguous(q, k, v, *, causal=False, scale=None):
     """Right whenever dO is contiguous."""
     return _DoAssumedContiguous.apply(q, k, v, causal, scale)
+
+
+class _DoMustBeContiguous(_DoAssumedContiguous):
+    """Right, and its backward raises on a dO that is not contiguous (as Triton's tutorial backward asserts)."""
+    @staticmethod
+    def backward(ctx, do):
+        assert do.is_contiguous(), "dO must be contiguous"
+        return _DoAssumedContiguous.backward(ctx, do)
+
+
+def do_must_be_contiguous(q, k, v, *, causal=False, scale=None):
+    return _DoMustBeContiguous.apply(q, k, v, causal, scale)

@@ -58,15 +58,17 @@ def differentiable(result):
 
 
 def output_gradient(case, device):
-    """dO of a case: standard normal values from the case's seed, rounded to its dtype, laid out as the case lays out
-    its output (strided for every layout but contiguous) inside NaN guards: a backward that reads dO as if it were
-    contiguous, as a caller's reshape or transpose seldom leaves it, or reads past it, shows (it passed every case
-    when dO was always contiguous)."""
+    """dO of a case: standard normal values from the case's seed, rounded to its dtype (contiguous)."""
     g = torch.Generator().manual_seed(case.seed * 7919 + 17)
     shape = (case.B, case.H, case.Nq, case.v_dim)
-    values = torch.randn(shape, generator=g, dtype=torch.float32).to(case.torch_dtype)
-    buf = inp.guarded(shape, case.torch_dtype, device, inp.tensor_layout(case.layout, "out"), float("nan"))
-    buf.t.copy_(values.to(device))
+    return torch.randn(shape, generator=g, dtype=torch.float32).to(case.torch_dtype).to(device)
+
+
+def strided(dout, case):
+    """The same dO laid out as the case lays out its output (strided, inside NaN guards)."""
+    buf = inp.guarded(tuple(dout.shape), dout.dtype, dout.device, inp.tensor_layout(case.layout, "out"),
+                      float("nan"))
+    buf.t.copy_(dout)
     return buf.t
 
 
@@ -80,12 +82,13 @@ class Declined(Exception):
     """The kernel's backward declined this input (NotImplementedError, flashcheck.Unsupported): not judged, said."""
 
 
-def judge(kernel, case, caps, qkv, device, conventions, kwargs, required=False):
+def judge(kernel, case, caps, qkv, device, conventions, kwargs, required=False, notes=None):
     """None when the gradients hold, else a Failure (kind GRADIENT, or the kind of what the call raised or returned);
     raises Declined when the backward declines the input, or when this case's output carries no autograd graph and
     the backward is not `required` (declared: --backward yes): a forward-only kernel that falls back on PyTorch for
     some shapes (its probe's) is not failed for the others. kwargs: the keywords the forward call of this case passes
-    (protocol_kwargs)."""
+    (protocol_kwargs). notes: a list that receives what was not judged (a layout case's strided dO, when the kernel
+    raises on it); with it, a case of a strided layout is judged again with its dO laid out as its output."""
     q, k, v = leaves(case, qkv, device)
     pb = features.problem(case, conventions.causal_align, conventions.head_map)
     where = reference_device(q.device, q.shape, k.shape, v.shape)
@@ -97,6 +100,38 @@ def judge(kernel, case, caps, qkv, device, conventions, kwargs, required=False):
                        f"e^kappa, kappa > {UNRESOLVED:g}): a correct backward that rebuilds P from the saved float32 "
                        "lse, as FlashAttention's does, has gradients no bound can tell from wrong ones")
     dout = output_gradient(case, device)
+    got = _gradients(kernel, case, device, qkv, kwargs, dout, required)
+    if isinstance(got, Failure):
+        return got
+    q, k, v = got[3:]
+    got = got[:3]
+    # the float64 gradients where the forward's reference is computed (a small GPU case's on the host); the
+    # baseline stays where the kernel ran: its rounding is the dtype's there
+    want, floors = torch_ref.backward(*exact, dout.to(where, torch.float64), pb, magnitudes=True,
+                                      weight=_row_weights(case, pb, *exact[:2], kappa=kappa))
+    with torch_ref.no_tf32():
+        base = torch_ref.backward(*(t.detach() for t in (q, k, v)), dout, pb)
+    fail = _held(got, want, base, floors, case, where)
+    if fail is not None or case.layout == "contiguous" or notes is None:
+        return fail
+    # the same dO strided as the case lays out its output (as a caller's transpose or slice leaves it): a backward
+    # that raises on it is said in the report (cuDNN's SDPA backward raised on rows with gaps on an H200, a Triton
+    # tutorial backward asserts a contiguous dO); one that gives other gradients, reading dO as if it were
+    # contiguous, fails
+    again = _gradients(kernel, case, device, qkv, kwargs, strided(dout, case), required)
+    if isinstance(again, Failure):
+        notes.append(f"backward with a strided dO (the case's output layout) not judged: "
+                     f"{again.message.split(': ', 1)[-1][:200]}")
+        return None
+    fail = _held(again[:3], want, base, floors, case, where)
+    if fail is not None:
+        fail.message = f"with dO strided as the case lays out its output (contiguous, it held): {fail.message}"
+    return fail
+
+
+def _gradients(kernel, case, device, qkv, kwargs, dout, required):
+    """(dq, dk, dv, q, k, v) of one call on fresh leaves under dout, or the Failure of that call; raises Declined."""
+    q, k, v = leaves(case, qkv, device)
     try:
         result = kernel(q, k, v, **kwargs)
         result = result[0] if isinstance(result, (tuple, list)) else result
@@ -127,12 +162,11 @@ def judge(kernel, case, caps, qkv, device, conventions, kwargs, required=False):
         if g.shape != x.shape or g.dtype != x.dtype or g.device != x.device:
             return Failure(Kind.GRADIENT, f"backward: {name} is {tuple(g.shape)} {g.dtype} on {g.device}, expected "
                                           f"{tuple(x.shape)} {x.dtype} on {x.device}")
-    # the float64 gradients where the forward's reference is computed (a small GPU case's on the host); the
-    # baseline stays where the kernel ran: its rounding is the dtype's there
-    want, floors = torch_ref.backward(*exact, dout.to(where, torch.float64), pb, magnitudes=True,
-                                      weight=_row_weights(case, pb, *exact[:2], kappa=kappa))
-    with torch_ref.no_tf32():
-        base = torch_ref.backward(*(t.detach() for t in (q, k, v)), dout, pb)
+    return got + (q, k, v)
+
+
+def _held(got, want, base, floors, case, where):
+    """None when every gradient is within its bound (the module docstring), else the Failure."""
     for name, g, w, b, floor in zip(NAMES, got, want, base, floors):
         g = g.detach().to(where, torch.float64)
         finite = torch.isfinite(w)

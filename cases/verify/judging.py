@@ -171,7 +171,8 @@ def _backward(kernel, case, caps, conventions, verdict, kept, settings):
         return
     try:
         fail = backward.judge(kernel, case, caps, kept["qkv"], device(), conventions,
-                              oracle.protocol_kwargs(case, caps, device()), required=settings.decl.backward == "yes")
+                              oracle.protocol_kwargs(case, caps, device()), required=settings.decl.backward == "yes",
+                              notes=verdict.reduced)
     except backward.Declined as why:
         verdict.reduced.append(f"backward not judged: {why}")
         return
