@@ -89,7 +89,7 @@ def judge(kernel, case, caps, qkv, device, conventions, kwargs, required=False, 
     some shapes (its probe's) is not failed for the others. kwargs: the keywords the forward call of this case passes
     (protocol_kwargs). notes: a list that receives what was not judged (a layout case's strided dO, when the kernel
     raises on it); with it, a case of a strided layout is judged again with its dO laid out as its output."""
-    q, k, v = qkv
+    q, k, v = leaves(case, qkv, device)
     pb = features.problem(case, conventions.causal_align, conventions.head_map)
     where = reference_device(q.device, q.shape, k.shape, v.shape)
     exact = [t.detach().to(where, torch.float64) for t in (q, k, v)]
@@ -103,6 +103,8 @@ def judge(kernel, case, caps, qkv, device, conventions, kwargs, required=False, 
     got = _gradients(kernel, case, device, qkv, kwargs, dout, required)
     if isinstance(got, Failure):
         return got
+    q, k, v = got[3:]
+    got = got[:3]
     # the float64 gradients where the forward's reference is computed (a small GPU case's on the host); the
     # baseline stays where the kernel ran: its rounding is the dtype's there
     want, floors = torch_ref.backward(*exact, dout.to(where, torch.float64), pb, magnitudes=True,
@@ -121,15 +123,14 @@ def judge(kernel, case, caps, qkv, device, conventions, kwargs, required=False, 
         notes.append(f"backward with a strided dO (the case's output layout) not judged: "
                      f"{again.message.split(': ', 1)[-1][:200]}")
         return None
-    fail = _held(again, want, base, floors, case, where)
+    fail = _held(again[:3], want, base, floors, case, where)
     if fail is not None:
         fail.message = f"with dO strided as the case lays out its output (contiguous, it held): {fail.message}"
     return fail
 
 
 def _gradients(kernel, case, device, qkv, kwargs, dout, required):
-    """(dq, dk, dv) of one call on fresh leaves (the case's layout) under dout, or the Failure of that call; raises
-    Declined."""
+    """(dq, dk, dv, q, k, v) of one call on fresh leaves under dout, or the Failure of that call; raises Declined."""
     q, k, v = leaves(case, qkv, device)
     try:
         result = kernel(q, k, v, **kwargs)
@@ -161,7 +162,7 @@ def _gradients(kernel, case, device, qkv, kwargs, dout, required):
         if g.shape != x.shape or g.dtype != x.dtype or g.device != x.device:
             return Failure(Kind.GRADIENT, f"backward: {name} is {tuple(g.shape)} {g.dtype} on {g.device}, expected "
                                           f"{tuple(x.shape)} {x.dtype} on {x.device}")
-    return got
+    return got + (q, k, v)
 
 
 def _held(got, want, base, floors, case, where):
