@@ -33,8 +33,10 @@ def _unspecialised(fn):
     """triton.jit, without Triton's specialisation on the values of the integer arguments (== 1, divisible by 16)
     and the alignment of the pointers: each distinct combination is a compile of its own, and the catalogue's
     deliberately awkward lengths, strides and views made nearly every case of this baseline three new compiles (an
-    H200, the GPU suite cold: 650 of its 1687 compiles were this module's). The speed of the baseline matters
-    little; the constexpr tiles, head dims and features still specialise."""
+    H200, the GPU suite cold: 650 of its 1687 compiles were this module's). For the same reason the head dim, the
+    GQA group and the features are runtime values here, not constexprs (at f5e349d the suite still compiled 379 of
+    this module's kernels, nearly all for those): only the dtypes, the tiles and the padded head-dim block
+    specialise. The speed of the baseline matters little."""
     names = [p.name for p in inspect.signature(fn).parameters.values() if p.annotation is inspect.Parameter.empty]
     options = {"do_not_specialize": names}
     if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
@@ -48,15 +50,14 @@ def _scores(Q, K, S, scale,
             stride_kz, stride_kh, stride_kn, stride_kk,
             stride_sz, stride_sh, stride_sm, stride_sn,
             H, Nq, Nk, window_left, window_right, softcap, Alibi, stride_az, stride_ah,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-            IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-            KV_GROUP: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
-            HAS_ALIBI: tl.constexpr):
-    """S[b, h] = the transformed scores of query head h against kv head h // KV_GROUP: scale Q K^T, then the
-    softcap, then the ALiBi bias, then -inf where a query does not see the key (causal, the window's sides)."""
+            head_dim, kv_group, is_causal, has_window_left, has_window_right, has_softcap, has_alibi,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """S[b, h] = the transformed scores of query head h against kv head h // kv_group: scale Q K^T, then the
+    softcap, then the ALiBi bias, then -inf where a query does not see the key (causal, the window's sides). The
+    has_* and is_causal flags are 0 or 1, branched on at run time."""
     off_b = tl.program_id(2) // H
     off_h = tl.program_id(2) % H
-    off_hkv = off_h // KV_GROUP   # GQA/MQA: KV_GROUP consecutive query heads read one kv head
+    off_hkv = off_h // kv_group   # GQA/MQA: kv_group consecutive query heads read one kv head
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -66,28 +67,28 @@ def _scores(Q, K, S, scale,
         + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
     # Boolean masks combine with &: a + of booleans is an OR and reads out of bounds. guards: mutant
     # unfused_kv_mask_plus
-    q = tl.load(q_ptrs, mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    k = tl.load(k_ptrs, mask=(offs_n[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    q = tl.load(q_ptrs, mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < head_dim), other=0.0)
+    k = tl.load(k_ptrs, mask=(offs_n[:, None] < Nk) & (offs_d[None, :] < head_dim), other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale
-    if SOFTCAP:
+    if has_softcap:
         # c tanh(s / c), before the masks and the bias; tanh from exp(-2 |x|), finite for every score. guards:
         # mutant unfused_softcap_textbook_tanh; case softcap_tanh_region
         x = s * (1.0 / softcap)
         e = tl.exp(-2.0 * tl.abs(x))
         t = (1.0 - e) / (1.0 + e)
         s = softcap * tl.where(x < 0, -t, t)
-    if HAS_ALIBI:
+    if has_alibi:
         # -slope |i + Nk - Nq - j|: the distance from row i's diagonal key (bottom-right). guards: mutant
         # unfused_alibi_top_left; case alibi_batch_heads_cross
         slope = tl.load(Alibi + off_b.to(tl.int64) * stride_az + off_h.to(tl.int64) * stride_ah)
         s = s - slope * tl.abs(offs_m[:, None] + (Nk - Nq) - offs_n[None, :]).to(tl.float32)
-    if IS_CAUSAL:
+    if is_causal:
         # bottom-right: query i sees key j iff j <= i + Nk - Nq. guards: mutant unfused_causal_top_left
         s = tl.where(offs_n[None, :] <= offs_m[:, None] + (Nk - Nq), s, float("-inf"))
-    if WINDOW_RIGHT:
+    if has_window_right:
         # a window's right side: j <= i + Nk - Nq + right
         s = tl.where(offs_n[None, :] <= offs_m[:, None] + (Nk - Nq) + window_right, s, float("-inf"))
-    if WINDOW_LEFT:
+    if has_window_left:
         # and its left side: j >= i + Nk - Nq - left. guards: mutant unfused_window_left_off_by_one
         s = tl.where(offs_n[None, :] >= offs_m[:, None] + (Nk - Nq) - window_left, s, float("-inf"))
     s_ptrs = S + off_b.to(tl.int64) * stride_sz + off_h.to(tl.int64) * stride_sh \
@@ -120,13 +121,12 @@ def _weights_v(W, V, Out,
                stride_wz, stride_wh, stride_wm, stride_wn,
                stride_vz, stride_vh, stride_vn, stride_vk,
                stride_oz, stride_oh, stride_om, stride_ok,
-               H, Nq, Nk,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-               INPUT_PRECISION: tl.constexpr, KV_GROUP: tl.constexpr):
-    """Out[b, h] = W[b, h] V[b, h // KV_GROUP]; BLOCK_D and HEAD_DIM are V's (and the output's) head dim Dv."""
+               H, Nq, Nk, head_dim, kv_group,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Out[b, h] = W[b, h] V[b, h // kv_group]; BLOCK_D and head_dim are V's (and the output's) head dim Dv."""
     off_b = tl.program_id(1) // H
     off_h = tl.program_id(1) % H
-    off_hkv = off_h // KV_GROUP   # V at the kv head, not the query head. guards: unfused_gqa_v_reads_query_head
+    off_hkv = off_h // kv_group   # V at the kv head, not the query head. guards: unfused_gqa_v_reads_query_head
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -138,11 +138,11 @@ def _weights_v(W, V, Out,
         w = tl.load(w_base + offs_m[:, None] * stride_wm + cols[None, :] * stride_wn,
                     mask=(offs_m[:, None] < Nq) & (cols[None, :] < Nk), other=0.0)
         v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vk,
-                    mask=(cols[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+                    mask=(cols[:, None] < Nk) & (offs_d[None, :] < head_dim), other=0.0)
         acc += tl.dot(w.to(v.dtype), v, input_precision=INPUT_PRECISION)
     o_ptrs = Out + off_b.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh \
         + offs_m[:, None] * stride_om + offs_d[None, :] * stride_ok
-    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < HEAD_DIM))
+    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=(offs_m[:, None] < Nq) & (offs_d[None, :] < head_dim))
 
 
 def default_blocks(Nq, Nk, D, dtype):
@@ -178,22 +178,22 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, a
     is_causal = causal or window_right == 0
     if is_causal:
         window_right = None
-    slope_strides = (None, None) if slopes is None else slopes.stride()
+    # absent features are flags of 0 with placeholder values: a None would be a constexpr, so a compile of its own
+    alibi, slope_strides = (lse, (0, 0)) if slopes is None else (slopes, slopes.stride())
     # the scores buffer is (Nq, Nk), every tile of it written: the grid's key axis rounds up.
     # guards: mutants unfused_scores_nq_by_nq, unfused_scores_unwritten
     s = torch.empty((B, H, Nq, Nk), dtype=torch.float32, device=q.device)
     _scores[(triton.cdiv(Nq, bm), triton.cdiv(Nk, bn), B * H)](
         q, k, s, scale, *q.stride(), *k.stride(), *s.stride(), H, Nq, Nk,
-        window_left, window_right, softcap, slopes, *slope_strides,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, HEAD_DIM=D, IS_CAUSAL=is_causal, INPUT_PRECISION="ieee",
-        KV_GROUP=H // Hkv, WINDOW_LEFT=window_left is not None, WINDOW_RIGHT=window_right is not None,
-        SOFTCAP=softcap is not None, HAS_ALIBI=slopes is not None)
+        window_left or 0, window_right or 0, softcap or 1.0, alibi, *slope_strides,
+        D, H // Hkv, int(is_causal), int(window_left is not None), int(window_right is not None),
+        int(softcap is not None), int(slopes is not None),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, INPUT_PRECISION="ieee")
     rows = s.view(B * H * Nq, Nk)
     _softmax[(B * H * Nq,)](rows, lse, *rows.stride(), Nk, BLOCK=triton.next_power_of_2(Nk))
     _weights_v[(triton.cdiv(Nq, bm), B * H)](
-        s, v, out, *s.stride(), *v.stride(), *out.stride(), H, Nq, Nk,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=max(triton.next_power_of_2(Dv), 16), HEAD_DIM=Dv, INPUT_PRECISION="ieee",
-        KV_GROUP=H // Hkv)
+        s, v, out, *s.stride(), *v.stride(), *out.stride(), H, Nq, Nk, Dv, H // Hkv,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=max(triton.next_power_of_2(Dv), 16), INPUT_PRECISION="ieee")
     return (out, lse) if return_lse else out
 
 

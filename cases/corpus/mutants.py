@@ -634,13 +634,13 @@ MUTANTS = [
            _OTHER + " (index reversal, as in load-balancing schedules)", ("causal_square", "causal_nq_gt_nk")),
     # --- the unfused baseline ----------------------------------------------------------------------
     Mutant("unfused_kv_mask_plus", "unfused",
-           "k = tl.load(k_ptrs, mask=(offs_n[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM), other=0.0)",
-           "k = tl.load(k_ptrs, mask=(offs_n[:, None] < Nk) + (offs_d[None, :] < HEAD_DIM), other=0.0)",
+           "k = tl.load(k_ptrs, mask=(offs_n[:, None] < Nk) & (offs_d[None, :] < head_dim), other=0.0)",
+           "k = tl.load(k_ptrs, mask=(offs_n[:, None] < Nk) + (offs_d[None, :] < head_dim), other=0.0)",
            "unfused K and V load masks combined with +: V rows past Nk and K's padded head-dim columns are "
            "read out of bounds",
            _SEED_UNFUSED + " (+ instead of &)", ("partial_last_key_block", "head_dim_17", "nk_lt_block_n"),
-           edits=(("mask=(cols[:, None] < Nk) & (offs_d[None, :] < HEAD_DIM)",
-                   "mask=(cols[:, None] < Nk) + (offs_d[None, :] < HEAD_DIM)"),)),
+           edits=(("mask=(cols[:, None] < Nk) & (offs_d[None, :] < head_dim)",
+                   "mask=(cols[:, None] < Nk) + (offs_d[None, :] < head_dim)"),)),
     Mutant("unfused_softmax_flat_mask", "unfused",
            "col_ok = cols < Nk", "col_ok = row * Nk + cols < Nk",
            "the softmax mask compares the flat offset row * Nk + col with Nk: every row but the first is "
