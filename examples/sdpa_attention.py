@@ -22,6 +22,12 @@ Where SDPA differs from the protocol, the wrapper bridges the difference instead
     additive float mask, and sends calls whose scaled scores can reach 1e6 (a bound: max|q| * max|k| * D *
     |scale|, about 16 times the typical score) to the math backend, which computes fp16/bf16 in fp32 and is
     right there; the catalogue's large-score cases (about 1e3 to 1e4) still go through SDPA's own choice.
+  * The backward: on the same H200 (cuDNN 9.19), SDPA's default backend for fp16 and bf16 (cuDNN) gives wrong
+    gradients, silently, for an output gradient whose rows have gaps (a legal strided dO) when a contiguous dO of
+    the same shapes went through the same process before it: it reads dO as if it were laid out as the first
+    one was (NaN gradients where the gaps hold NaN, off by about 2 where they hold zeros); the flash and
+    memory-efficient backends are right (docs/found-bugs.md, row 17). The wrapper hands SDPA's backward a
+    contiguous copy of dO (_contiguous_grad).
 Everything else matches: q (B, H, Nq, D), k and v (B, H, Nk, D), any strides, scale defaulting to
 1/sqrt(D), the output in q's dtype. Two of protocol v3's features are SDPA's own: grouped-query heads (k and v
 with Hkv heads, H a multiple of Hkv: SDPA's enable_gqa=True, torch >= 2.5, the protocol's head map h // (H // Hkv))
@@ -50,14 +56,30 @@ def attention(q, k, v, *, causal=False, scale=None):
     gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
     with backends:
         if not causal:
-            return F.scaled_dot_product_attention(q, k, v, scale=scale, **gqa)
+            return _contiguous_grad(F.scaled_dot_product_attention(q, k, v, scale=scale, **gqa))
         Nq, Nk = q.shape[-2], k.shape[-2]
         # query i sees key j iff j <= i + (Nk - Nq): the lower triangle shifted right by Nk - Nq
         sees = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).tril(Nk - Nq)
         # an additive mask: cuDNN lets keys of a boolean mask through once scores are large (found-bugs row 8)
         mask = torch.zeros(Nq, Nk, dtype=q.dtype, device=q.device).masked_fill(~sees, float("-inf"))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
+        out = _contiguous_grad(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa))
     return out.masked_fill(~sees.any(dim=-1, keepdim=True), 0.0)
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """The identity; its backward passes on a contiguous copy of the output gradient (found-bugs row 17)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
+def _contiguous_grad(out):
+    return _ContiguousGrad.apply(out) if out.requires_grad else out
 
 
 def _huge_scores(q, k, scale):
