@@ -80,6 +80,12 @@ CATALOGUE = [
     Case("very_negative_scores",
          why="every raw score about -1e4: exp underflows and gives 0/0 unless the max is subtracted",
          Nq=33, Nk=40, D=32, data="very_negative", seed=15),
+    Case("masked_keys_below_finite_masks", point=('causal', 'nq_lt_nk', 'partial_key_block'),
+         why="every visible score below -1e9 (scaled; about -1.02e9 in fp16 at D = 16), rising along the keys: a "
+             "causal mask, or the padding past Nk, written as a large finite value instead of -inf (-1e4, -65504, "
+             "-1e9, as kernels do) lets masked keys outscore every visible one. Other cases' scores sit far above "
+             "such values, so only rows that see no key showed the bug",
+         Nq=24, Nk=45, D=16, causal=True, data="below_finite_masks", seed=138),
     Case("equal_scores", why="all scores of a row equal: the output is the mean of V (hand value)",
          Nq=21, Nk=37, D=16, data="equal_scores", expected="mean_v", seed=16),
     Case("scale_zero", point=('scale',), why="scale = 0 makes every score 0: the output is the mean of V (hand value)",

@@ -184,6 +184,16 @@ def values(case, device="cpu"):
             q[..., 0] = D ** 0.5 / 4
             v = v + c
             v[..., 0] = c * (1 + k[..., 0] / 4)
+        elif case.data == "below_finite_masks":
+            # every score far below the finite values kernels mask with in place of -inf (-1e4, -65504, -1e9): the
+            # first column makes it -top^2 (1 - r j / (Nk - 1)) for key j, the others add about +-sqrt(D). At
+            # D = 16 that is -1.06e9 to -1.02e9 scaled in fp16 (top = 65000, r = 0.03: what fp16 inputs hold) and
+            # -4.3e9 to -2.1e9 in bf16 and fp32 (top = 2^17, r = 0.5). The scores rise along the keys by steps far
+            # past their rounding, so each row's answer is the value of its last visible key; a masked key (or a
+            # padded one past Nk) given a finite score outscores every visible one
+            top, r = (65000.0, 0.03) if case.torch_dtype == torch.float16 else (2.0 ** 17, 0.5)
+            q[..., 0] = top
+            k[..., 0] = -top * (1 - r * torch.arange(Nk, dtype=torch.float32, device=k.device) / max(Nk - 1, 1))
         elif case.data == "equal_scores":
             k = k[:, :, :1, :].expand(B, Hkv, Nk, D).clone()   # one key repeated: every score of a row equal
         elif case.data == "nan_input":
