@@ -304,9 +304,9 @@ CATALOGUE = [
          why="ALiBi slopes per (batch, head), not causal, Nq < Nk: the distance counts from the bottom-right "
              "diagonal both ways, and each batch has its own slopes",
          B=2, H=3, Nq=20, Nk=53, D=16, alibi="batch_heads", seed=98),
-    Case("every_feature_at_once", point=("nq_lt_nk", "dv_ne_d"),
+    Case("every_feature_at_once", point=("nq_lt_nk", "features_together"),
          why="GQA (6 on 3), Dv = 48 != D = 32, window (10, 5), softcap 5 and ALiBi together: each feature's "
-             "effect composed with the others'",
+             "effect composed with the others' (a kernel that lacks some is judged on the rest, while two remain)",
          B=2, H=6, Hkv=3, Nq=30, Nk=70, D=32, Dv=48, window=(10, 5), softcap=5.0, alibi="heads", seed=99),
     Case("half_unaligned_rows", point=('layout',),
          why="fp16/bf16 rows of D + 3 elements (38 bytes): tensor descriptors need 16-byte strides, so a TMA kernel "

@@ -53,6 +53,7 @@ class Feature:
     kwargs: object = None        # (case, device) -> {keyword: value} it passes to the kernel
     keeps: frozenset = frozenset()   # the metamorphic relations that stay true when a case uses it
     probe: object = None         # a small case that uses it alone, for kernels whose signature cannot tell
+    drop: object = None          # case -> the same case without the feature
 
 
 # relations that hold whatever the feature (the output's linearity in V, rows independent, the hull, Q's scale)
@@ -61,16 +62,17 @@ _ALWAYS = frozenset({"v_scaling", "v_shift", "row_locality", "convex_hull", "sca
 
 FEATURES = (
     Feature("gqa", "GQA", "grouped-query heads (k and v with Hkv < H heads)", lambda c: c.kv_heads != c.H,
-            keeps=_ALWAYS | {"permutation", "duplication", "query_heads_in_group"}),
+            drop=lambda c: c.replace(Hkv=None), keeps=_ALWAYS | {"permutation", "duplication", "query_heads_in_group"}),
     Feature("dv", "Dv != D", "a value head dim of its own (Dv != D)", lambda c: c.v_dim != c.D,
-            keeps=_ALWAYS | {"permutation", "duplication", "query_heads_in_group"}),
+            drop=lambda c: c.replace(Dv=None), keeps=_ALWAYS | {"permutation", "duplication", "query_heads_in_group"}),
     Feature("window", "window", "a sliding window (window=)", lambda c: c.window is not None, keyword="window",
-            kwargs=lambda c, device: {"window": tuple(c.window)}, keeps=_ALWAYS | {"query_heads_in_group"}),
+            kwargs=lambda c, device: {"window": tuple(c.window)}, drop=lambda c: c.replace(window=None), keeps=_ALWAYS | {"query_heads_in_group"}),
     Feature("softcap", "softcap", "logit softcapping (softcap=)", lambda c: c.softcap is not None, keyword="softcap",
-            kwargs=lambda c, device: {"softcap": c.softcap},
+            kwargs=lambda c, device: {"softcap": c.softcap}, drop=lambda c: c.replace(softcap=None),
             keeps=_ALWAYS | {"permutation", "duplication", "query_heads_in_group"}),
     Feature("alibi", "ALiBi", "ALiBi biases (alibi_slopes=)", lambda c: c.alibi is not None, keyword="alibi_slopes",
-            kwargs=lambda c, device: {"alibi_slopes": alibi_tensor(c, device)}, keeps=_ALWAYS),
+            kwargs=lambda c, device: {"alibi_slopes": alibi_tensor(c, device)}, drop=lambda c: c.replace(alibi=None),
+            keeps=_ALWAYS),
 )
 BY_NAME = {f.name: f for f in FEATURES}
 PROBED = tuple(f.name for f in FEATURES if f.keyword is None)
@@ -79,6 +81,16 @@ PROBED = tuple(f.name for f in FEATURES if f.keyword is None)
 def used(case):
     """The features a case uses."""
     return [f for f in FEATURES if f.uses(case)]
+
+
+def without(case, names):
+    """The case without the named features (each record's drop), named for what it left out:
+    every_feature_at_once[fp16, without Dv != D]."""
+    out = case
+    for name in names:
+        out = BY_NAME[name].drop(out)
+    left = "without " + ", ".join(BY_NAME[n].label for n in names)
+    return out.replace(name=f"{case.name[:-1]}, {left}]" if case.name.endswith("]") else f"{case.name}[{left}]")
 
 
 def kwargs(case, device):

@@ -58,7 +58,15 @@ POINTS = {
     "scale": (lambda e, c: c.scale == e.scale, "this scale"),
     "batch_heads": (lambda e, c: c.B > 1 and c.H > 1 and c.B != c.H, "B > 1 and H > 1 with B != H"),
     "offsets_past_2_31": (lambda e, c: c.B * c.H * max(c.Nq, c.Nk) * c.D > 2 ** 31, "more than 2^31 elements"),
+    # the case's features composed: a kernel that lacks some of them is judged on the others while two remain
+    # (verify's plan, engine._without_absent)
+    "features_together": (lambda e, c: _features_used(c) >= 2, "two or more of protocol v3's features together"),
 }
+
+
+def _features_used(case):
+    from flashcheck.cases.features import used
+    return len(used(case))
 
 
 def check_points(case):

@@ -85,3 +85,20 @@ def fused_through_kwargs(q, k, v, **kwargs):
     from flashcheck.kernel import fused
 
     return fused.attention(q, k, v, **kwargs)
+
+
+def same_head_dims(q, k, v, *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None):
+    """The project's fused kernel for Dv == D only, as FlashAttention 2 is: a value head dim of its own raises."""
+    from flashcheck.kernel import fused
+
+    if v.shape[-1] != q.shape[-1]:
+        raise NotImplementedError(f"Dv = {v.shape[-1]} != D = {q.shape[-1]}")
+    return fused.attention(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                           alibi_slopes=alibi_slopes)
+
+
+def softcap_dropped_beside_alibi(q, k, v, *, causal=False, scale=None, window=None, softcap=None,
+                                 alibi_slopes=None):
+    """same_head_dims, wrong where two features meet: the softcap is left out when ALiBi slopes come too."""
+    return same_head_dims(q, k, v, causal=causal, scale=scale, window=window,
+                          softcap=None if alibi_slopes is not None else softcap, alibi_slopes=alibi_slopes)

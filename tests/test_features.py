@@ -38,6 +38,21 @@ def test_a_kernel_that_refuses_grouped_heads_has_their_cases_skipped_not_passed(
     assert len(declared.get("fail", [])) == 3 and "skip" not in declared
 
 
+def test_a_kernel_lacking_some_features_is_judged_on_the_others_together():
+    """every_feature_at_once is about its features composed: a kernel that lacks some of them (Dv != D, found by
+    the probe or declared --dv no) is judged on the others while two remain, the case named for what it left out,
+    so a bug where two of them meet fails it; with fewer than two left it is skipped with the reason."""
+    name = "every_feature_at_once[fp32, without Dv != D]"
+    right = _by_status(_verify(fk.same_head_dims, "every_feature_at_once"))
+    assert [r.case.name for r in right["pass"]] == [name] and "skip" not in right, right
+    wrong = _verify(fk.softcap_dropped_beside_alibi, "every_feature_at_once")
+    assert [r.case.name for r in wrong.failures] == [name], str(wrong)
+    declared = _by_status(_verify(fk.softcap_dropped_beside_alibi, "every_feature_at_once", dv="no"))
+    assert [r.case.name for r in declared["fail"]] == [name], declared
+    lone = _by_status(_verify(fk.heads_must_match, "every_feature_at_once,causal_square"))
+    assert "fewer than two of its features would remain" in lone["skip"][0].reason, lone
+
+
 def test_the_protocols_head_map_passes_and_the_interleaved_one_needs_its_declaration():
     assert _verify(fk.grouped, GQA).exit_code == 0
     wrong = _verify(fk.interleaved, GQA)

@@ -209,10 +209,27 @@ def plan(selected, instance_names, excluded, decl, info, backend, max_memory=Non
             if _excluded(case.name, excluded):
                 continue
             reason, group = skip_reason(case, decl, info, backend, max_memory)
+            if group == "feature absent" and origin == "catalogue":
+                case, reason, group = _without_absent(case, reason, decl, info, backend, max_memory)
             if group == "not declared" and origin == "catalogue" and case.dtype in (decl.dtypes or (case.dtype,)):
                 case, reason, group = _projected(case, reason, decl, info, backend, max_memory)
             out.append((case, origin, reason, group))
     return out
+
+
+def _without_absent(case, reason, decl, info, backend, max_memory):
+    """(case, reason, group): a catalogue instance whose point is its features together (point features_together),
+    judged without the features the kernel lacks while two or more remain (its name says which it left out); any
+    other, skipped as before."""
+    if "features_together" not in case.point:
+        return case, reason, "feature absent"
+    have = info["caps"].features
+    absent = [f.name for f in features.used(case) if f.name not in have]
+    if len(features.used(case)) - len(absent) < 2:
+        return case, f"{reason}; fewer than two of its features would remain", "feature absent"
+    reduced = features.without(case, absent)
+    why, group = skip_reason(reduced, decl, info, backend, max_memory)
+    return reduced, why, group
 
 
 def _projected(case, reason, decl, info, backend, max_memory):
@@ -224,6 +241,15 @@ def _projected(case, reason, decl, info, backend, max_memory):
 
     if case.seqlens is not None:
         return case, f"{reason}; a packed case is not projected (its sequences' lengths are its point)", "not declared"
+    if "features_together" in case.point:
+        # the features the declarations refuse (--dv no, --gqa no) go, as absent ones do, while two remain
+        refused = [f.name for f in features.used(case)
+                   if len(decl.reasons(features.without(case, [f.name]))) < len(decl.reasons(case))]
+        if refused and len(features.used(case)) - len(refused) >= 2:
+            case = features.without(case, refused)
+            reason, group = skip_reason(case, decl, info, backend, max_memory)
+            if group != "not declared":
+                return case, reason, group
     projected, why = project(case, decl, admissible)
     if projected is None:
         return case, f"{reason}; {why}", "not declared"
