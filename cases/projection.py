@@ -13,6 +13,7 @@ of D; the layout made dense. Its name says what changed:
 """
 import math
 
+from flashcheck.cases.features import used
 from flashcheck.cases.inputs import values
 
 SMALLEST_BLOCK = 16      # no kernel's tile is narrower (tl.dot's minimum): a length of it is a whole block
@@ -60,13 +61,8 @@ POINTS = {
     "offsets_past_2_31": (lambda e, c: c.B * c.H * max(c.Nq, c.Nk) * c.D > 2 ** 31, "more than 2^31 elements"),
     # the case's features composed: a kernel that lacks some of them is judged on the others while two remain
     # (verify's plan, engine._without_absent)
-    "features_together": (lambda e, c: _features_used(c) >= 2, "two or more of protocol v3's features together"),
+    "features_together": (lambda e, c: len(used(c)) >= 2, "two or more of protocol v3's features together"),
 }
-
-
-def _features_used(case):
-    from flashcheck.cases.features import used
-    return len(used(case))
 
 
 def check_points(case):
