@@ -59,9 +59,10 @@ POINTS = {
     "scale": (lambda e, c: c.scale == e.scale, "this scale"),
     "batch_heads": (lambda e, c: c.B > 1 and c.H > 1 and c.B != c.H, "B > 1 and H > 1 with B != H"),
     "offsets_past_2_31": (lambda e, c: c.B * c.H * max(c.Nq, c.Nk) * c.D > 2 ** 31, "more than 2^31 elements"),
-    # the case's features composed: a kernel that lacks some of them is judged on the others while two remain
-    # (verify's plan, engine._without_absent)
-    "features_together": (lambda e, c: len(used(c)) >= 2, "two or more of protocol v3's features together"),
+    # the case's features composed: a projection keeps every one of them; a kernel that lacks some (or declares
+    # them away) is judged on the others while two remain (verify's plan, engine._without_absent)
+    "features_together": (lambda e, c: len(used(c)) >= 2 and {f.name for f in used(c)} >= {f.name for f in used(e)},
+                          "its features together"),
 }
 
 

@@ -51,6 +51,13 @@ def test_a_kernel_lacking_some_features_is_judged_on_the_others_together():
     assert [r.case.name for r in declared["fail"]] == [name], declared
     lone = _by_status(_verify(fk.heads_must_match, "every_feature_at_once,causal_square"))
     assert "fewer than two of its features would remain" in lone["skip"][0].reason, lone
+    # projected onto declared head dims, it keeps every feature it can: Dv != D where two head dims allow it, not
+    # where one does
+    from flashcheck.kernel import fused
+    for dims, want in (("64,128", "every_feature_at_once[fp32, D=128, Dv=64]"),
+                       ("64", "every_feature_at_once[fp32, without Dv != D, D=64]")):
+        got = _by_status(_verify(fused.attention, "every_feature_at_once", head_dims=dims))
+        assert [r.case.name for r in got["pass"]] == [want], got
 
 
 def test_the_protocols_head_map_passes_and_the_interleaved_one_needs_its_declaration():

@@ -243,14 +243,17 @@ def _projected(case, reason, decl, info, backend, max_memory):
         return case, f"{reason}; a packed case is not projected (its sequences' lengths are its point)", "not declared"
     if "features_together" in case.point:
         # the features the declarations refuse (--dv no, --gqa no) go, as absent ones do, while two remain
-        refused = [f.name for f in features.used(case)
-                   if len(decl.reasons(features.without(case, [f.name]))) < len(decl.reasons(case))]
+        refused = [f.name for f in features.used(case) if getattr(decl, f.name, None) == "no"]
         if refused and len(features.used(case)) - len(refused) >= 2:
             case = features.without(case, refused)
             reason, group = skip_reason(case, decl, info, backend, max_memory)
             if group != "not declared":
                 return case, reason, group
     projected, why = project(case, decl, admissible)
+    if projected is None and "features_together" in case.point and "dv" in {f.name for f in features.used(case)} \
+            and len(features.used(case)) > 2:
+        # declared head dims that leave no value head dim of its own (--head-dims 64) refuse Dv != D too
+        projected, _ = project(features.without(case, ["dv"]), decl, admissible)
     if projected is None:
         return case, f"{reason}; {why}", "not declared"
     reason, group = skip_reason(projected, decl, info, backend, max_memory)
