@@ -201,6 +201,10 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 # hypothesis profiles (cases/generate/strategies.py): dev, ci, thorough; pytest's --hypothesis-profile overrides this
-from flashcheck.cases.generate.strategies import load_default_profile  # noqa: E402
+from flashcheck.cases.generate.strategies import load_default_profile, seed_alone  # noqa: E402
 
 load_default_profile()
+# the suite's own @given tests draw from their seeds alone too, whatever the tests before them imported (held for
+# the session: a context manager left unreferenced is collected, and its exit runs at once)
+_SEED_ALONE = seed_alone()
+_SEED_ALONE.__enter__()

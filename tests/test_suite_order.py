@@ -50,3 +50,34 @@ def test_long_tests_named_to_share_one_worker_are_dealt_as_one_in_their_order():
     assert sorted(out) == sorted(items)
     assert [p[:3] for p in _parts(out, 3)] == [["a1", "a2", "a3"], ["b1", "b2", "short5"], ["solo", "short12", "short13"]]
 
+
+
+def test_derandomized_draws_depend_on_the_seed_alone(tmp_path, monkeypatch):
+    """hypothesis draws, now and then, among the literals of the project modules that are imported; under
+    strategies.seed_alone (verify's and the properties' searches, and this suite through conftest) a derandomized
+    search gives the same cases whatever was imported before it (outside it, a module of 300 new literals changed
+    1 of 40 cases; a CI worker's earlier tests once moved tests/test_tolerance.py's statistics that way)."""
+    import importlib
+
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    from flashcheck.cases.generate import strategies as S
+
+    def draws():
+        got = []
+
+        @settings(max_examples=40, derandomize=True, database=None, phases=(Phase.generate,),
+                  suppress_health_check=list(HealthCheck))
+        @given(S.cases(backend="cpu"))
+        def collect(case):
+            got.append(case.key())
+        with S.seed_alone():
+            collect()
+        return got
+
+    before = draws()
+    (tmp_path / "fc_many_literals.py").write_text(
+        "VALUES = (" + ", ".join(str(7 * i + 3) for i in range(300)) + ")\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("fc_many_literals")
+    assert draws() == before

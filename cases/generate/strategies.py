@@ -20,6 +20,7 @@ Profiles: dev (quick, the default), ci (derandomized, bounded; the default when 
 (many examples, larger shapes on the GPU). Chosen by pytest's --hypothesis-profile or by
 $FLASHCHECK_HYPOTHESIS_PROFILE.
 """
+import contextlib
 import math
 import os
 import random
@@ -358,6 +359,29 @@ def representative(decl, dtypes, backend, caps):
     return out
 
 
+@contextlib.contextmanager
+def seed_alone():
+    """Within the block, hypothesis draws from its seed alone. Since 6.1xx it draws, one choice in twenty, among the
+    literal constants of the project's modules that happen to be imported (hypothesis' _get_local_constants), so a
+    derandomized search gave other cases after an unrelated import or an edited literal: CI failed a statistic of
+    tests/test_tolerance.py that the same test passes alone, because the tests before it in its worker had imported
+    other modules (7 inconclusive cases of 150 instead of 3). A hypothesis without that internal is left as it is."""
+    try:
+        from hypothesis.internal.conjecture import providers
+        get, empty, cache = providers._get_local_constants, type(providers._local_constants)(), \
+            providers.CONSTANTS_CACHE.cache
+    except (ImportError, AttributeError, TypeError):
+        yield
+        return
+    cache.clear()            # the allowed constants, cached per kind of draw, include the local ones found so far
+    providers._get_local_constants = lambda: empty
+    try:
+        yield
+    finally:
+        providers._get_local_constants = get
+        cache.clear()
+
+
 def reseeded(make, seed, rounds=4):
     """Rounds of the same hypothesis test, for a caller whose budget of distinct cases may not be spent after
     one (derandomized generation soon repeats itself): yields a function that runs the next round, so that
@@ -365,7 +389,8 @@ def reseeded(make, seed, rounds=4):
     unless a seed is given, each later round (and every round under a seed) runs under seed + round."""
     def run(r):
         test = make(seed is None and r == 0)
-        (test if seed is None and r == 0 else seeded((seed or 0) + r)(test))()
+        with seed_alone():
+            (test if seed is None and r == 0 else seeded((seed or 0) + r)(test))()
 
     for r in range(rounds):
         yield lambda r=r: run(r)
