@@ -93,6 +93,13 @@ def without(case, names):
     return out.replace(name=f"{case.name[:-1]}, {left}]" if case.name.endswith("]") else f"{case.name}[{left}]")
 
 
+def composed_without(case, names):
+    """without(case, names) for a case about its features composed (point features_together), while two or more of
+    them remain; else None. names it does not use are not counted."""
+    names = [n for n in names if BY_NAME[n].uses(case)]
+    return without(case, names) if names and len(used(case)) - len(names) >= 2 else None
+
+
 def kwargs(case, device):
     """The keywords a case's features pass to the kernel."""
     out = {}

@@ -223,11 +223,10 @@ def _without_absent(case, reason, decl, info, backend, max_memory):
     other, skipped as before."""
     if "features_together" not in case.point:
         return case, reason, "feature absent"
-    have = info["caps"].features
-    absent = [f.name for f in features.used(case) if f.name not in have]
-    if len(features.used(case)) - len(absent) < 2:
+    reduced = features.composed_without(case, [f.name for f in features.used(case)
+                                               if f.name not in info["caps"].features])
+    if reduced is None:
         return case, f"{reason}; fewer than two of its features would remain", "feature absent"
-    reduced = features.without(case, absent)
     why, group = skip_reason(reduced, decl, info, backend, max_memory)
     return reduced, why, group
 
@@ -243,17 +242,19 @@ def _projected(case, reason, decl, info, backend, max_memory):
         return case, f"{reason}; a packed case is not projected (its sequences' lengths are its point)", "not declared"
     if "features_together" in case.point:
         # the features the declarations refuse (--dv no, --gqa no) go, as absent ones do, while two remain
-        refused = [f.name for f in features.used(case) if getattr(decl, f.name, None) == "no"]
-        if refused and len(features.used(case)) - len(refused) >= 2:
-            case = features.without(case, refused)
+        reduced = features.composed_without(case, [f.name for f in features.used(case)
+                                                   if getattr(decl, f.name, None) == "no"])
+        if reduced is not None:
+            case = reduced
             reason, group = skip_reason(case, decl, info, backend, max_memory)
             if group != "not declared":
                 return case, reason, group
     projected, why = project(case, decl, admissible)
-    if projected is None and "features_together" in case.point and "dv" in {f.name for f in features.used(case)} \
-            and len(features.used(case)) > 2:
+    fewer = features.composed_without(case, ["dv"]) if projected is None and "features_together" in case.point \
+        else None
+    if fewer is not None:
         # declared head dims that leave no value head dim of its own (--head-dims 64) refuse Dv != D too
-        projected, _ = project(features.without(case, ["dv"]), decl, admissible)
+        projected, _ = project(fewer, decl, admissible)
     if projected is None:
         return case, f"{reason}; {why}", "not declared"
     reason, group = skip_reason(projected, decl, info, backend, max_memory)
