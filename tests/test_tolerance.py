@@ -12,6 +12,8 @@ ones, over hundreds of generated cases per dtype, in every layout:
 The figures (largest err/tol per formulation and dtype; per tolerance the inconclusive share and the near misses'
 applicable and caught counts) are printed (-s) and kept in the JUnit XML as properties.
 """
+import math
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -52,6 +54,27 @@ CAUGHT = 0.65
 INCONCLUSIVE = {"default": {"fp32": 0.05, "fp16": 0.05, "bf16": 0.25},
                 "fp32_scores": {"fp32": 0.05, "fp16": 0.05, "bf16": 0.05}}
 DTYPES = ("fp32", "fp16", "bf16")
+# The shares above are rates, measured; a run sees 60 to 600 cases, whose counts scatter around them (binomially:
+# over 8 seeds of the dev profile's 60 fp16 GPU-strategy cases, 0 to 5 were inconclusive, and the bf16 last key
+# was applicable on 2 to 18). A count fails the test where it shows, at SIGNIFICANCE, that the rate is worse than
+# its limit: a fixed share of 60 cases would fail a correct tolerance on an unlucky draw, and any edit to the
+# generator redraws them. A near miss with a floor must still be applicable somewhere (a check that never runs
+# is idle).
+SIGNIFICANCE = 0.01
+
+
+def _tail(n, p, k, upper):
+    """P(X >= k) (upper) or P(X <= k) for X ~ Binomial(n, p)."""
+    ks = range(k, n + 1) if upper else range(0, k + 1)
+    return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in ks)
+
+
+def _rate_at_most(count, n, rate):
+    return _tail(n, rate, count, upper=True) >= SIGNIFICANCE
+
+
+def _rate_at_least(count, n, rate):
+    return (count >= 1 or rate == 0) and _tail(n, rate, count, upper=False) >= SIGNIFICANCE
 
 
 def _examples():
@@ -143,12 +166,12 @@ def test_correct_formulations_pass_and_near_misses_fail(dtype, device, backend, 
     record_property(f"worst_err_over_tol_{dtype}", line)
     record_property(f"stats_{dtype}", str(stats))
     for cname, st in stats.items():
-        assert st["inconclusive"] <= INCONCLUSIVE[cname][dtype] * st["cases"], \
+        assert _rate_at_most(st["inconclusive"], st["cases"], INCONCLUSIVE[cname][dtype]), \
             f"{cname}: too many cases too wide to judge: {st}"
         for name in WRONG:
             applicable, caught = st[f"{name}_applicable"], st[f"{name}_caught"]
             floor = (APPLICABLE_GPU if backend == "gpu" else APPLICABLE)[name][dtype]
-            assert applicable >= floor * st["cases"] and caught >= CAUGHT * applicable, \
+            assert _rate_at_least(applicable, st["cases"], floor) and caught >= CAUGHT * applicable, \
                 f"{cname}, {name}: caught {caught} of {applicable} cases where it lands {BEYOND:g}x farther off " \
                 f"than any correct formulation; {st}"
         applicable, caught = st["rounding_amplified_applicable"], st["rounding_amplified_caught"]
