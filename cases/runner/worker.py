@@ -23,6 +23,7 @@ that was its stdout. Both worker processes move their own stdout onto stderr fir
 prints cannot corrupt a frame; stdout and stderr go to a log file whose tail names the cause of a death.
 Reads are unbuffered and exact, so the child can read its frames from the stdin it shares with the server.
 """
+import atexit
 import faulthandler
 import functools
 import importlib
@@ -46,6 +47,14 @@ from flashcheck.cases.runner.target import TargetError, check_signature, load_ta
 
 _HEADER = struct.Struct(">Q")
 START_TIMEOUT = 300.0      # importing torch, Triton and a target can take a while on a loaded machine
+# Servers kept for the next run of this process (Worker.close parks, Worker._start adopts): a server costs a fresh
+# interpreter importing torch, Triton and flashcheck (about 1.6 s on this 2-core CPU per verify() call of a small
+# selection, most of the call), and never touches CUDA, so the next target's child forks from it as clean as from
+# a new one. Adopted only by a worker of the same environment, working directory and wrapper; at most PARK_AT_MOST
+# are kept, the oldest stopped first; the rest stop when this process exits (atexit, or their stdin's end).
+PARK_AT_MOST = 4
+_parked = []
+_parked_lock = threading.Lock()
 
 
 class Hung(Exception):
@@ -62,6 +71,48 @@ class Died(Exception):
 
 class Raised(Exception):
     """The called function raised (outside what it handles itself); the text is its traceback's end."""
+
+
+def _ask_to_stop(proc):
+    try:
+        data = pickle.dumps(("stop",))
+        proc.stdin.write(_HEADER.pack(len(data)) + data)
+        proc.stdin.flush()
+    except OSError:
+        pass
+
+
+def _stop_parked(proc, log, asked=False):
+    """Stop a parked server: ask (unless asked already), then kill its process group whatever it answered."""
+    if not asked:
+        _ask_to_stop(proc)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    for stream in (proc.stdin, proc.stdout, log):
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
+@atexit.register
+def _stop_all_parked():
+    """At exit, every server this process parked (not those a forked copy of it inherited): all asked at once."""
+    with _parked_lock:
+        gone = [(proc, log) for key, proc, log in _parked if key[-1] == os.getpid()]
+        _parked.clear()
+    for proc, _ in gone:
+        _ask_to_stop(proc)
+    for proc, log in gone:
+        _stop_parked(proc, log, asked=True)
 
 
 def _traceback_tail(exc):
@@ -91,6 +142,7 @@ class Worker:
         self.child_open = False
         self.info = None
         self.log_from = 0         # where the current target's part of the log starts (park)
+        self._key = None          # what a parked server must match to be adopted (_start)
 
     # ---- the caller's side ----
     def open(self, spec):
@@ -158,6 +210,17 @@ class Worker:
         return value
 
     def close(self):
+        """Done with this run: the server is parked for the next worker of the same environment (see _parked), or,
+        where it cannot be kept, stopped."""
+        if self.proc is not None and self._key is not None and self.park():
+            with _parked_lock:
+                _parked.append((self._key, self.proc, self.log))
+                evicted = _parked[:-PARK_AT_MOST]
+                del _parked[:-PARK_AT_MOST]
+            self.proc, self.log = None, None
+            for _, proc, log in evicted:
+                _stop_parked(proc, log)
+            return
         if self.proc is not None:
             try:
                 if self.child_open:
@@ -201,8 +264,18 @@ class Worker:
         self.child_open = False
 
     def _start(self):
-        self.log, self.log_from = tempfile.TemporaryFile(), 0
         env = dict(os.environ, **self.env)
+        # a compute-sanitizer's server (wrap) is not kept: each run of it starts its own
+        self._key = None if self.wrap else (tuple(sorted(env.items())), os.getcwd(), os.getpid())
+        with _parked_lock:
+            found = [i for i, (key, proc, _) in enumerate(_parked) if key == self._key and proc.poll() is None]
+            adopted = _parked.pop(found[-1]) if found else None
+        if adopted is not None:
+            _, self.proc, self.log = adopted
+            self.log.seek(0, os.SEEK_END)
+            self.log_from = self.log.tell()
+            return
+        self.log, self.log_from = tempfile.TemporaryFile(), 0
         self.proc = subprocess.Popen(
             self.wrap + python_command("from flashcheck.cases.runner.worker import serve; serve()"),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, cwd=os.getcwd(), env=env,
