@@ -8,6 +8,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -22,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BUGGY = "examples/buggy_attention.py:attention"
 SDPA = "examples/sdpa_attention.py:attention"
 CHAOS = "tests/misbehaving_kernels.py:attention"
+BUGGY_SELECTION = ("--only", "hand_one_query_two_keys,cross_nq_gt_nk,causal_square", "--examples", "10")
 HANG_TIMEOUT = 4   # seconds: the hanging kernel sleeps an hour; every well-behaved case here takes ~10 ms
 
 
@@ -93,8 +95,11 @@ def test_fused_kernel_passes_a_selection(backend):
 @pytest.fixture(scope="module")
 def buggy(request):
     def produce():
-        proc = verify(BUGGY, "--only", "hand_one_query_two_keys,cross_nq_gt_nk,causal_square", "--examples", "10")
-        return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+        with tempfile.TemporaryDirectory() as where:
+            report = Path(where) / "r.json"
+            proc = verify(BUGGY, *BUGGY_SELECTION, "--json", str(report))
+            return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
+                    "report": json.loads(report.read_text()) if report.exists() else None}
     return SimpleNamespace(**once(request, "buggy", produce))
 
 
@@ -511,16 +516,17 @@ def test_verify_carries_on_after_every_misbehaviour(chaos):
 def test_two_shards_merged_give_the_verdicts_of_one_run(buggy, tmp_path):
     """--shard 1/2 and 2/2 judge disjoint parts; `flashcheck merge` puts them back as the run without shards gave it:
     the same cases, verdicts and kinds in the same order (generated and shrunk cases included), one exit status."""
-    selection = ["--only", "hand_one_query_two_keys,cross_nq_gt_nk,causal_square", "--examples", "10"]
-    whole = verify(BUGGY, *selection, "--json", str(tmp_path / "all.json"))
+    # the run without shards is the buggy fixture's (a Triton kernel: on a GPU each shrink step compiles anew)
+    assert buggy.report is not None, explain(buggy)
+    (tmp_path / "all.json").write_text(json.dumps(buggy.report))
     for i in (1, 2):
-        part = verify(BUGGY, *selection, "--shard", f"{i}/2", "--json", str(tmp_path / f"s{i}.json"))
+        part = verify(BUGGY, *BUGGY_SELECTION, "--shard", f"{i}/2", "--json", str(tmp_path / f"s{i}.json"))
         assert part.returncode in (0, 1), explain(part)
         assert f"(shard {i}/2)" in part.stdout
     merged = subprocess.run([sys.executable, "-m", "flashcheck", "merge", str(tmp_path / "s1.json"),
                              str(tmp_path / "s2.json"), "--json", str(tmp_path / "m.json"), "--junit",
                              str(tmp_path / "m.xml")], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert merged.returncode == whole.returncode == 1, explain(merged)
+    assert merged.returncode == buggy.returncode == 1, explain(merged)
 
     def verdicts(path):
         return [(c["name"], c["status"], c.get("kind")) for c in json.loads(path.read_text())["cases"]]
