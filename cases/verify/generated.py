@@ -187,6 +187,9 @@ def finish(drawn, verdicts, seed, decl, judge, the_run, record, progress, start,
         _record(verdict, "hypothesis_minimal", base + 2 * n_all + i)
     failed = sum(v.failed for v in judged)
     line = f"hypothesis: {len(judged)} distinct example(s) judged, {len(judged) - failed} without a failure"
+    stood_for = sum(v.failed and str(v.kind) in kinds for v in judged)
+    if stood_for:     # not each a row of the table: its kind's minimal case is
+        line += f" (the {stood_for} failing one(s) reported as their kind's minimal case)"
     if kinds:
         line += (f"; {len(kinds)} distinct failure kind(s), each shrunk to a minimal case: "
                  + ", ".join(f"{k} ({v.case.name})" for k, (_, v) in kinds.items()))
