@@ -53,7 +53,7 @@ START_TIMEOUT = 300.0      # importing torch, Triton and a target can take a whi
 # a new one. Adopted only by a worker of the same environment, working directory and wrapper; at most PARK_AT_MOST
 # are kept, the oldest stopped first; the rest stop when this process exits (atexit, or their stdin's end).
 PARK_AT_MOST = 4
-_parked = []
+_parked = []                # Workers holding a parked server (and nothing else)
 _parked_lock = threading.Lock()
 
 
@@ -73,46 +73,16 @@ class Raised(Exception):
     """The called function raised (outside what it handles itself); the text is its traceback's end."""
 
 
-def _ask_to_stop(proc):
-    try:
-        data = pickle.dumps(("stop",))
-        proc.stdin.write(_HEADER.pack(len(data)) + data)
-        proc.stdin.flush()
-    except OSError:
-        pass
-
-
-def _stop_parked(proc, log, asked=False):
-    """Stop a parked server: ask (unless asked already), then kill its process group whatever it answered."""
-    if not asked:
-        _ask_to_stop(proc)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    for stream in (proc.stdin, proc.stdout, log):
-        try:
-            stream.close()
-        except OSError:
-            pass
-
-
 @atexit.register
 def _stop_all_parked():
-    """At exit, every server this process parked (not those a forked copy of it inherited): all asked at once."""
+    """At exit, every server this process parked (not those a forked copy of it inherited), all asked at once."""
     with _parked_lock:
-        gone = [(proc, log) for key, proc, log in _parked if key[-1] == os.getpid()]
+        mine = [w for w in _parked if w._key[-1] == os.getpid()]
         _parked.clear()
-    for proc, _ in gone:
-        _ask_to_stop(proc)
-    for proc, log in gone:
-        _stop_parked(proc, log, asked=True)
+    for w in mine:
+        w._send(("stop",))
+    for w in mine:
+        w._stop()
 
 
 def _traceback_tail(exc):
@@ -213,14 +183,19 @@ class Worker:
         """Done with this run: the server is parked for the next worker of the same environment (see _parked), or,
         where it cannot be kept, stopped."""
         if self.proc is not None and self._key is not None and self.park():
+            kept = Worker(self.timeout)
+            kept.proc, kept.log, kept._key = self.proc, self.log, self._key
+            self.proc, self.log = None, None
             with _parked_lock:
-                _parked.append((self._key, self.proc, self.log))
+                _parked.append(kept)
                 evicted = _parked[:-PARK_AT_MOST]
                 del _parked[:-PARK_AT_MOST]
-            self.proc, self.log = None, None
-            for _, proc, log in evicted:
-                _stop_parked(proc, log)
+            for w in evicted:
+                w._stop()
             return
+        self._stop()
+
+    def _stop(self):
         if self.proc is not None:
             try:
                 if self.child_open:
@@ -268,10 +243,10 @@ class Worker:
         # a compute-sanitizer's server (wrap) is not kept: each run of it starts its own
         self._key = None if self.wrap else (tuple(sorted(env.items())), os.getcwd(), os.getpid())
         with _parked_lock:
-            found = [i for i, (key, proc, _) in enumerate(_parked) if key == self._key and proc.poll() is None]
+            found = [i for i, w in enumerate(_parked) if w._key == self._key and w.proc.poll() is None]
             adopted = _parked.pop(found[-1]) if found else None
         if adopted is not None:
-            _, self.proc, self.log = adopted
+            self.proc, self.log = adopted.proc, adopted.log
             self.log.seek(0, os.SEEK_END)
             self.log_from = self.log.tell()
             return
