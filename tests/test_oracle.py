@@ -171,6 +171,24 @@ def test_tolerance_is_derived_per_dtype():
     assert e16.tol.max() < 0.1 * np.abs(e16.out).max()
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_a_relation_on_v_alone_reuses_the_score_side_bit_for_bit(dtype):
+    """The properties that change only V (scaled, shifted) take their base run's score side (Expectation.scores: the
+    scores, their softmax, how far each weight may move), most of the tolerance's work: what they get must be,
+    bit for bit, what the whole computation gives for the new values, with every optional feature."""
+    case = Case("reuse", B=2, H=4, Hkv=2, Nq=19, Nk=33, D=16, Dv=24, causal=True, window=(9, None), softcap=6.0,
+                dtype=dtype, seed=5)
+    q, k, v = oracle.inp.values(case)
+    base = oracle.expectation(case, (q, k, v), "cpu")
+    assert base.scores is not None
+    for v2 in ((v.double() * -2).to(v.dtype), (v.double() + 3.0).to(v.dtype)):
+        whole = oracle.expectation(case, (q, k, v2), "cpu")
+        reused = oracle.expectation(case, (q, k, v2), "cpu", like=base, lean=True)
+        for name in ("out", "lse", "tol", "tol_lse", "hull_lo", "hull_hi"):
+            assert np.array_equal(getattr(whole, name), getattr(reused, name), equal_nan=True), name
+        assert not np.array_equal(whole.tol, base.tol)    # new values, a new tolerance
+
+
 def test_reference_equals_every_hand_value_of_the_catalogue():
     """The catalogue's hand values (7.5, the mean of V under equal scores or scale 0, one key's row) are answers known
     without the reference: the float64 reference must give them, to its own rounding, in every dtype."""

@@ -266,19 +266,22 @@ def check_returned_out(result, out, what="the returned tensor"):
             raise RunFailed(Failure(Kind.BAD_RETURN, f"out= was given but {what} is neither out nor equal to it"))
 
 
-def expectation(case, qkv, device=None, conventions=Conventions()):
+def expectation(case, qkv, device=None, conventions=Conventions(), *, like=None, lean=False):
     """The float64 reference of a case on these inputs (torch tensors of its dtype) and the per-element
     tolerance a kernel following `conventions` is held to (cases/oracle/tolerance.py), computed on `device`
     (default: where the tensors are; the host for a small case, tolerance.reference_device), or on the host when the
-    device has no room for it."""
+    device has no room for it. like: the Expectation of the same case on the same q and k (only v differs), whose
+    score side is reused where it kept it (bit for bit the same result); lean: tolerance.expectation's."""
     q, k, v = qkv
+    if like is not None and like.scores is not None:
+        return tolerance.expectation(case.torch_dtype, q, k, v, scores=like.scores, lean=lean)
     # the problem at the tensors' own (B, H): a huge case's sampled heads are (S, 1) (such cases use no feature)
     pb = features.problem(case.replace(B=q.shape[0], H=q.shape[1], Hkv=k.shape[1]), conventions.causal_align,
                           conventions.head_map)
 
     def on(where):
         return tolerance.expectation(case.torch_dtype, *qkv, device=where, problem=pb,
-                                     half_scores=not conventions.fp32_scores)
+                                     half_scores=not conventions.fp32_scores, lean=lean)
 
     device = tolerance.reference_device(device or q.device, q.shape, k.shape, v.shape)
     try:

@@ -40,7 +40,7 @@ the case cannot be judged tightly: discriminates() says so, and the verdict is "
 """
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -74,6 +74,8 @@ class Expectation:
     hull_lo: np.ndarray = None
     hull_hi: np.ndarray = None
     tol_hull: np.ndarray = None
+    # the score side (Scores) for a relation that changes only V, kept for small cases (KEEP_SCORES)
+    scores: object = field(default=None, repr=False, compare=False)
 
 
 HOST_BELOW = 2 ** 22    # multiply-adds (B * Hq * Nq * Nk * (D + Dv)) up to which a GPU case's reference is the host's
@@ -93,21 +95,56 @@ def reference_device(device, q_shape, k_shape, v_shape):
 
 
 def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right", half_scores=True, device=None,
-                problem=None):
+                problem=None, scores=None, lean=False):
     """The reference and the per-element tolerance for a kernel of `dtype` on these inputs.
 
     q, k, v: (B, Hq, Nq, D), (B, Hkv, Nk, D), (B, Hkv, Nk, Dv) tensors or arrays holding the dtype-rounded values the
     kernel was given. problem: the reference.problem.Problem (default: the plain one of causal, scale and align).
     Computed in float64 on `device` (default: q's device, or the CPU for arrays); the Expectation holds NumPy
     arrays. half_scores=False: the kernel keeps its scores in fp32 (declared --fp32-scores): no allowance for
-    scores rounded to a half-precision dtype."""
-    device = device or (q.device if isinstance(q, torch.Tensor) else "cpu")
-    q, k, v = (torch.as_tensor(t).to(device=device, dtype=torch.float64) for t in (q, k, v))
-    if problem is None:
-        problem = plain(tuple(q.shape), tuple(k.shape), tuple(v.shape), causal, scale, align)
-    ref = torch_ref.softmax_parts(q, k, v, problem=problem)
-    # every quantity below is per query head: k and v as the query heads read them
-    k, v = torch_ref.expand_kv(k, problem), torch_ref.expand_kv(v, problem)
+    scores rounded to a half-precision dtype.
+
+    scores: the Scores of another Expectation (its .scores) on the same q and k, where only v differs: its score
+    side is taken as it is (q, k, device, problem and half_scores are then its own), so the result is bit for bit
+    what the whole computation gives. lean=True leaves out what only a verdict on the case itself reads (mean_v,
+    uniform, spread, the hull's allowance): what a relation between two runs needs is out, lse, tol and tol_lse."""
+    if scores is None:
+        device = device or (q.device if isinstance(q, torch.Tensor) else "cpu")
+        q, k, v = (torch.as_tensor(t).to(device=device, dtype=torch.float64) for t in (q, k, v))
+        if problem is None:
+            problem = plain(tuple(q.shape), tuple(k.shape), tuple(v.shape), causal, scale, align)
+        ref = torch_ref.softmax_parts(q, k, v, problem=problem)
+        scores = _score_side(dtype, half_scores, q, k, ref, problem)
+        out = ref.out
+    else:
+        v = torch.as_tensor(v).to(device=scores.p.device, dtype=torch.float64)
+        out = torch.matmul(scores.ref.p, torch_ref.expand_kv(v, scores.problem))   # as softmax_parts computes it
+    return _value_side(scores, torch_ref.expand_kv(v, scores.problem), out, lean)
+
+
+KEEP_SCORES = 1 << 22   # score elements (B * Hq * Nq * Nk) up to which an Expectation keeps its Scores for reuse
+
+
+@dataclass
+class Scores:
+    """The half of an Expectation that depends on q and k alone: the scores and their softmax (ref), how far each
+    weight may move (w), the log-sum-exp's tolerance, and what the roundings after the softmax read of the weights.
+    A relation that changes only V (V scaled, V shifted) reuses its base run's, which is most of the work."""
+    dtype: object
+    problem: object
+    ref: object          # torch_ref.Softmax of the base inputs (its out is the base's)
+    p: torch.Tensor      # the weights, NaN (NaN inputs) as 0
+    w: torch.Tensor      # the largest change of each weight (_weight_change)
+    nk_seen: torch.Tensor
+    lost: object         # half precision: the weights a kernel may flush or round to the subnormal grid
+    tol_lse: torch.Tensor
+    uniform: bool
+
+
+def _score_side(dtype, half_scores, q, k, ref, problem):
+    """Scores of q and k (float64, on their device; k as stored, expanded here to the query heads)."""
+    # every quantity below is per query head: k as the query heads read it
+    k = torch_ref.expand_kv(k, problem)
     D, Nk = q.shape[-1], k.shape[-2]
     scale = problem.scale
     u = UNIT[dtype]
@@ -125,16 +162,12 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
         shift, shift_lse = _transformed_shifts(dtype, half_scores, ref, s, q, k, dot_abs, problem, D)
     shift = torch.where(ref.seen, shift, 0.0)
     shift_lse = torch.where(ref.seen, shift_lse, 0.0)
-    out = torch.where(ref.out.isnan(), 0.0, ref.out)
-    hull = torch_ref.visible_range(v, problem)
-    moved = _weighted_spread(_weight_change(ref, shift), v, out, hull)
-    # --- after the softmax ----------------------------------------------------------------------------------
-    pv = torch.matmul(p, v.abs())
+    log_p = _log_weights(ref)
+    w = _weight_change(ref, shift, log_p)
     nk_seen = ref.seen.sum(-1)[None, None, :, None].to(torch.float64)
-    after = SAFETY * 3.0 * nk_seen.clamp(min=1).sqrt() * U32 * pv + 2.0 * U32 * out.abs()  # fp32, 1/l
+    lost = None
     if half:
         tiny = float(torch.finfo(dtype).tiny)
-        after = after + u * pv                                                              # P to the dtype
         # a weight below the dtype's smallest normal: flushed to 0 when the kernel rounds it before
         # normalising (FlashAttention: exp(s - m) with m the running max, which is at most the row max,
         # so only keys with exp(s - max) < tiny can be flushed), or rounded to the subnormal grid (half its
@@ -142,20 +175,9 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
         row_max = torch.where(ref.seen, s, -math.inf).amax(-1, keepdim=True) if Nk else 0.0
         unnormalised = p * torch.exp(torch.where(ref.lse.isfinite(), ref.lse, 0.0)[..., None] - row_max)
         lost = torch.where(unnormalised < tiny, p, 0.0) + torch.where(p < tiny, p.clamp(max=u * tiny), 0.0)
-        after = after + torch.matmul(lost, v.abs())
-    rounding = 2.0 * u * out.abs() + float(torch.finfo(dtype).smallest_normal) * u   # the output's own
-    tol = moved + after + rounding
-    # the hull's allowance: the roundings after the softmax, with the largest |v| a row sees in place of the
-    # weighted sum (the kernel's own weights, whatever its score errors, are what P is rounded and summed from),
-    # and in fp16 the weight of every key flushed to 0 (each below the smallest normal, the row's l >= 1)
-    vmax = torch.maximum(hull[0].abs(), hull[1].abs())
-    tol_hull = SAFETY * 3.0 * nk_seen.clamp(min=1).sqrt() * U32 * vmax + 2.0 * U32 * out.abs() + rounding
-    if half:
-        tol_hull = tol_hull + (u + nk_seen * float(torch.finfo(dtype).tiny)) * vmax
 
     # --- the log-sum-exp --------------------------------------------------------------------------------------
     # log sum_j p_j e^{+-D_j}, with log p_j from the scores (exact where p_j underflows)
-    log_p = _log_weights(ref)
     lse_hi = torch.logsumexp(log_p + shift_lse, -1).clamp(min=0.0).nan_to_num(nan=0.0) if Nk else torch.zeros_like(ref.lse)
     lse_lo = (-torch.logsumexp(log_p - shift_lse, -1)).clamp(min=0.0).nan_to_num(nan=0.0) if Nk else torch.zeros_like(ref.lse)
     fin_lse = torch.where(ref.lse.isfinite(), ref.lse.abs(), 0.0)
@@ -165,29 +187,59 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
     # came out +inf there, which the properties' sums of two tolerances overflowed
     tol_lse = torch.where(ref.lse.isfinite(), tol_lse, 0.0)
 
-    # --- the trivially wrong answers ----------------------------------------------------------------------------
-    seen = ref.seen.to(torch.float64)
-    counts = seen.sum(-1, keepdim=True)
-    mean_v = torch.matmul(seen / counts.clamp(min=1), v)
-    mean_v = torch.where(counts[None, None] > 0, mean_v, 0.0)
-    live = counts[..., 0] > 0
+    # --- is every row's softmax uniform (then its answer IS the mean of V) ---------------------------------------
+    live = ref.seen.sum(-1) > 0
     if Nk:
         pmax = torch.where(ref.seen, ref.p, -math.inf).amax(-1)
         pmin = torch.where(ref.seen, ref.p, math.inf).amin(-1)
     else:
-        pmax = pmin = torch.zeros(ref.lse.shape, dtype=torch.float64, device=device)
+        pmax = pmin = torch.zeros(ref.lse.shape, dtype=torch.float64, device=ref.lse.device)
     uniform = bool(torch.all(~live[None, None] | ~pmax.isfinite() | (pmax - pmin <= 1e-9 * pmax.abs())))
-    if Nk:
-        spread = (v - v.mean(2, keepdim=True)).abs().mean(2, keepdim=True)
-        spread = torch.where(spread > 0, spread, v.abs().amax(2, keepdim=True))
-    else:
-        spread = torch.zeros_like(v[:, :, :1])
-    host = {name: t.cpu().numpy() for name, t in
-            dict(out=ref.out, lse=ref.lse, tol=tol, tol_lse=tol_lse, mean_v=mean_v, spread=spread, hull_lo=hull[0],
-                 hull_hi=hull[1], tol_hull=tol_hull).items()}
-    return Expectation(host["out"], host["lse"], host["tol"], host["tol_lse"], host["mean_v"], uniform,
-                       host["spread"], host["hull_lo"], host["hull_hi"], host["tol_hull"])
+    return Scores(dtype, problem, ref, p, w, nk_seen, lost, tol_lse, uniform)
 
+
+def _value_side(sc, v, ref_out, lean):
+    """The Expectation of the scores sc with values v (float64, expanded to the query heads) whose reference
+    output is ref_out (p v, NaN on NaN inputs)."""
+    dtype, ref, p, problem = sc.dtype, sc.ref, sc.p, sc.problem
+    u = UNIT[dtype]
+    half = dtype != torch.float32
+    Nk = v.shape[-2]
+    out = torch.where(ref_out.isnan(), 0.0, ref_out)
+    hull = torch_ref.visible_range(v, problem)
+    moved = _weighted_spread(sc.w, v, out, hull)
+    # --- after the softmax ----------------------------------------------------------------------------------
+    pv = torch.matmul(p, v.abs())
+    nk_seen = sc.nk_seen
+    after = SAFETY * 3.0 * nk_seen.clamp(min=1).sqrt() * U32 * pv + 2.0 * U32 * out.abs()  # fp32, 1/l
+    if half:
+        after = after + u * pv                                                              # P to the dtype
+        after = after + torch.matmul(sc.lost, v.abs())                                      # flushed weights
+    rounding = 2.0 * u * out.abs() + float(torch.finfo(dtype).smallest_normal) * u   # the output's own
+    tol = moved + after + rounding
+    fields = dict(out=ref_out, lse=ref.lse, tol=tol, tol_lse=sc.tol_lse, hull_lo=hull[0], hull_hi=hull[1])
+    if not lean:
+        # the hull's allowance: the roundings after the softmax, with the largest |v| a row sees in place of the
+        # weighted sum (the kernel's own weights, whatever its score errors, are what P is rounded and summed
+        # from), and in fp16 the weight of every key flushed to 0 (each below the smallest normal, the row's l >= 1)
+        vmax = torch.maximum(hull[0].abs(), hull[1].abs())
+        tol_hull = SAFETY * 3.0 * nk_seen.clamp(min=1).sqrt() * U32 * vmax + 2.0 * U32 * out.abs() + rounding
+        if half:
+            tol_hull = tol_hull + (u + nk_seen * float(torch.finfo(dtype).tiny)) * vmax
+        # --- the trivially wrong answers ------------------------------------------------------------------------
+        seen = ref.seen.to(torch.float64)
+        counts = seen.sum(-1, keepdim=True)
+        mean_v = torch.matmul(seen / counts.clamp(min=1), v)
+        mean_v = torch.where(counts[None, None] > 0, mean_v, 0.0)
+        if Nk:
+            spread = (v - v.mean(2, keepdim=True)).abs().mean(2, keepdim=True)
+            spread = torch.where(spread > 0, spread, v.abs().amax(2, keepdim=True))
+        else:
+            spread = torch.zeros_like(v[:, :, :1])
+        fields.update(mean_v=mean_v, spread=spread, tol_hull=tol_hull)
+    host = {name: t.cpu().numpy() for name, t in fields.items()}
+    keep = sc if ref.s.numel() <= KEEP_SCORES else None
+    return Expectation(**host, uniform=sc.uniform, scores=keep)
 
 
 def _score_shifts(dtype, half_scores, s, q, k, p, dot_abs, scale, D, Nk):
@@ -274,7 +326,7 @@ def _leave_one_out(t):
     return torch.where(at_top, without_top, (total - t).clamp(min=0.0))
 
 
-def _weight_change(ref, shift):
+def _weight_change(ref, shift, log_p):
     """The largest |p'_ij - p_ij| when every score s_ik may move by up to shift_ik (B, H, Nq, Nk), exactly:
     p'_j = x / (x + R) with x = p_j e^{delta_j} and R = sum_{k != j} p_k e^{delta_k} is increasing in x and
     decreasing in R, so p'_j lies between p_j e^{-D_j} / (p_j e^{-D_j} + sum_{k != j} p_k e^{D_k}) and
@@ -283,7 +335,6 @@ def _weight_change(ref, shift):
     in float64 still counts when the shifts are large enough to raise it."""
     if not ref.p.shape[-1]:
         return torch.zeros_like(ref.p)
-    log_p = _log_weights(ref)
     p = torch.where(log_p.isnan(), 0.0, log_p.exp())
     up, down = log_p + shift, log_p - shift                  # log of p_k e^{+D_k}, p_k e^{-D_k}
     c_up = up.amax(-1, keepdim=True).nan_to_num(neginf=0.0)
