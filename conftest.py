@@ -7,9 +7,8 @@ device. A sticky CUDA error (illegal address) poisons a process for good: after 
 the worker exits, and pytest-xdist replaces it with a fresh one, so the tests that follow still run.
 """
 import os
-import sys
 
-from flashcheck.cases.runner.cache import default_dir  # (imports nothing heavy: torch waits for the backend)
+from flashcheck.cases.runner.cache import default_dir, keep_bytecode  # (nothing heavy: torch waits for the backend)
 
 # under pytest-xdist each worker, and what it starts (verify's worker processes), gets its share of the host's
 # cores: N workers each running one OpenMP thread per core oversubscribe the machine (2 cores, the fp16 and bf16
@@ -20,26 +19,11 @@ if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
     os.environ["OMP_NUM_THREADS"] = str(max(1, _cores // _WORKERS))
 
 
-def _torch_without_bytecode():
-    """torch installed without its bytecode (no __pycache__ beside its sources), found without importing it."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("torch")
-    return bool(spec and spec.origin) and not os.path.isdir(os.path.join(os.path.dirname(spec.origin), "__pycache__"))
-
-
-# Where torch was installed without bytecode and the environment forbids writing it (PYTHONDONTWRITEBYTECODE, set in
-# many container images: the H200 machine's image is one), every process the suite starts compiles torch's and
-# sympy's sources again, about 3 s more per Python process there (import torch took 4.3-5.6 s), and the tests start
-# hundreds of them (each verify and its workers). The suite then keeps the bytecode in flashcheck's cache
-# directory, outside the source trees, for this process's later imports and for the processes it starts: the
-# suite's summed test time on the H200 went from 4020 s to 3128 s with it (beside two smaller changes). An
-# install with its bytecode is left as it is (a cache prefix would make Python ignore that bytecode).
-if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX") \
-        and _torch_without_bytecode():
-    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = os.path.join(default_dir(), "pycache")
-    del os.environ["PYTHONDONTWRITEBYTECODE"]
-    sys.dont_write_bytecode = False
+# Where torch was installed without bytecode and the environment forbids writing it (PYTHONDONTWRITEBYTECODE: the
+# H200 machine's image), every process the suite starts compiled torch's sources again, and the tests start hundreds
+# (each verify and its workers): the suite keeps the bytecode in flashcheck's cache directory instead (the summed
+# test time on the H200 went from 4020 s to 3128 s with it, beside two smaller changes).
+keep_bytecode()
 
 from flashcheck.cases.backend import select_backend  # noqa: E402
 

@@ -15,6 +15,7 @@ import os
 import sys
 
 from flashcheck.cases.backend import BackendError, select_backend
+from flashcheck.cases.runner.cache import keep_bytecode
 
 SUBCOMMANDS = {
     "verify": ("flashcheck.cases.verify.cli", "verify an attention kernel against the catalogue and the oracle"),
@@ -42,6 +43,7 @@ def run(args):
 
 
 def main(argv=None):
+    keep_bytecode()     # before anything imports torch: cases/runner/cache.py says why
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="flashcheck", description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=["cpu", "gpu"],

@@ -7,9 +7,18 @@ when told where. flashcheck owns one directory for both (FLASHCHECK_CACHE_DIR, d
 or ~/.cache/flashcheck), given to every worker, so a second, unchanged run finds its kernels compiled (a warm run)
 and a case's kernels compiled by one worker serve the others. A user's own TRITON_CACHE_DIR or
 TORCHINDUCTOR_CACHE_DIR is kept. --no-cache gives a run a fresh, temporary directory instead (a cold run).
+
+Python's own bytecode goes there too where Python would keep none: torch installed without it (no __pycache__
+beside its sources, as uv and `pip --no-compile` install) in an environment that forbids writing it
+(PYTHONDONTWRITEBYTECODE, set in many container images: the H200 machine's is one). Every process flashcheck starts
+(verify's workers, the test suite's) then compiled torch's, sympy's and Triton's sources again: import torch, triton
+took 3.3-3.5 s there, and 1.6 s with the bytecode kept in <dir>/pycache (PYTHONPYCACHEPREFIX), outside the source
+trees. An install that has its bytecode is left as it is (a prefix would make Python ignore that bytecode).
 """
+import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 
@@ -17,6 +26,31 @@ from dataclasses import dataclass, field
 def default_dir():
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.environ.get("FLASHCHECK_CACHE_DIR") or os.path.join(base, "flashcheck")
+
+
+def _torch_without_bytecode():
+    """torch installed without its bytecode (no __pycache__ beside its sources), found without importing it."""
+    spec = importlib.util.find_spec("torch")
+    return bool(spec and spec.origin) and not os.path.isdir(os.path.join(os.path.dirname(spec.origin), "__pycache__"))
+
+
+def bytecode_env():
+    """The environment that keeps the bytecode of the processes flashcheck starts in its cache directory, or {}
+    where Python keeps it already (see the module docstring)."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX") \
+            or not _torch_without_bytecode():
+        return {}
+    return {"PYTHONPYCACHEPREFIX": os.path.join(default_dir(), "pycache"), "PYTHONDONTWRITEBYTECODE": ""}
+
+
+def keep_bytecode():
+    """For a process flashcheck owns (its command, the test suite), before it imports torch: bytecode_env for
+    this process's own imports and for everything it starts."""
+    env = bytecode_env()
+    if env:
+        os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = env["PYTHONPYCACHEPREFIX"]
+        del os.environ["PYTHONDONTWRITEBYTECODE"]
+        sys.dont_write_bytecode = False
 
 
 @dataclass
@@ -37,7 +71,7 @@ class Cache:
                 root, enabled = tempfile.mkdtemp(prefix="flashcheck-cache-"), False
         else:
             root = tempfile.mkdtemp(prefix="flashcheck-cache-")
-        env = {}
+        env = bytecode_env()      # a process that did not keep_bytecode() itself: verify() from a user's Python
         for var, sub in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
             if enabled and os.environ.get(var):
                 continue           # the user's own choice stands
