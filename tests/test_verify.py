@@ -176,6 +176,43 @@ def test_jobs_judge_the_same_cases_with_the_same_verdicts(buggy, tmp_path):
     assert {t["worker"] for t in timed} == {0, 1}, "one of the two workers judged nothing"
 
 
+def test_the_default_jobs_keep_to_the_cores_other_runs_leave_free(tmp_path, monkeypatch, capsys):
+    """Runs side by side on one machine: the default --jobs takes the cores whose slots no other flashcheck run holds
+    (15 runs on 16 cores once made 240 workers, each with torch and a CUDA context), never fewer than one worker;
+    an explicit --jobs stands; a slot held by another process counts; released slots are free again."""
+    from flashcheck.cases.runner import slots
+    from flashcheck.cases.verify import engine
+
+    monkeypatch.setattr(slots, "directory", lambda: str(tmp_path))
+    monkeypatch.setattr(engine, "_cores", lambda: 4)
+    monkeypatch.delenv("FLASHCHECK_JOBS", raising=False)
+    auto, explicit = engine.request(SDPA), engine.request(SDPA, jobs=4)
+
+    jobs, held = engine.take_slots(auto, 4)
+    assert (jobs, len(held)) == (4, 4)
+    assert engine.take_slots(auto, 4)[0] == 1                      # every slot held: one worker, none taken
+    held.release()
+    other = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom flashcheck.cases.runner import slots\n"
+                              f"slots.directory = lambda: {str(tmp_path)!r}\nh = slots.claim(3, 4)\n"
+                              "print(len(h), flush=True)\ntime.sleep(60)"],
+                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "3"              # another process holds three
+        jobs, held = engine.take_slots(auto, 4)
+        assert (jobs, len(held)) == (1, 1)
+        assert "1 worker(s), not 4" in capsys.readouterr().err
+        held.release()
+        jobs, held = engine.take_slots(explicit, 4)
+        assert (jobs, len(held)) == (4, 1)                          # --jobs 4 stands
+        held.release()
+    finally:
+        other.kill()
+        other.wait()
+    jobs, held = engine.take_slots(auto, 4)                          # its slots went with it
+    assert (jobs, len(held)) == (4, 4)
+    held.release()
+
+
 def test_heavy_cases_are_told_by_their_share_of_the_free_memory():
     """engine._heavy: a case within a 2N-th of the free memory (N jobs) is light, one past it "one" (beside light
     cases, never beside another such), one past half of it "alone"."""

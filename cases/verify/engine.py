@@ -6,6 +6,7 @@ generated cases (cases/verify/generated.py), and keeps the report's files curren
 """
 import collections
 import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,7 @@ from flashcheck.cases.oracle import Conventions, Failure, Kind, Verdict, classif
 from flashcheck.cases.projection import project
 from flashcheck.cases.report import html
 from flashcheck.cases.report.files import Files
-from flashcheck.cases.runner import sanitize
+from flashcheck.cases.runner import sanitize, slots
 from flashcheck.cases.runner.cache import Cache
 from flashcheck.cases.runner.target import split_target
 from flashcheck.cases.runner.worker import Died, Hung, InProcess, Raised, Worker
@@ -279,7 +280,8 @@ def auto_jobs(req, most):
     """How many cases to judge at once when --jobs is not given: one per core this process may use (at most
     MAX_AUTO_JOBS, shared out among pytest-xdist's workers when verify runs under them; $FLASHCHECK_JOBS overrides),
     never more than `most` (the cases there can be), and 1 for what cannot run in several workers (a kernel no
-    worker can import, --no-isolate, --sanitize)."""
+    worker can import, --no-isolate, --sanitize). run() then keeps to the cores other flashcheck runs leave free
+    (cases/runner/slots.py)."""
     if not req.isolate or req.sanitize or _spec(req.target) is None:
         return 1
     forced = os.environ.get("FLASHCHECK_JOBS")
@@ -290,6 +292,19 @@ def auto_jobs(req, most):
             raise UsageError(f"FLASHCHECK_JOBS must be a whole number, got {forced!r}") from None
     sharing = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
     return max(1, min(_cores() // max(sharing, 1), MAX_AUTO_JOBS, most))
+
+
+def take_slots(req, jobs):
+    """(jobs, the slots.Slots this run holds, or None): the default (no --jobs, no $FLASHCHECK_JOBS) keeps to the
+    cores other flashcheck runs on this machine leave free, never fewer than one worker (cases/runner/slots.py);
+    an explicit count stands, and takes what is free so that later runs count it."""
+    held = slots.claim(jobs, _cores()) if jobs > 1 else None
+    if held is not None and not req.jobs and not os.environ.get("FLASHCHECK_JOBS") and len(held) < jobs:
+        if req.progress:
+            print(f"flashcheck: {max(1, len(held))} worker(s), not {jobs}: other flashcheck runs hold the other "
+                  "cores' slots", file=sys.stderr, flush=True)
+        jobs = max(1, len(held))
+    return jobs, held
 
 
 def _cores():
@@ -662,6 +677,7 @@ def run(req, on_result=None):
     if examples is None:
         examples = 0 if (req.only or req.keyword or req.cases) else DEFAULT_EXAMPLES
     jobs = req.jobs or auto_jobs(req, len(selected) * 3 + examples)
+    jobs, held = take_slots(req, jobs)
     cache = Cache.open(req.cache)
     env = dict(cache.env)
     if jobs > 1 and "OMP_NUM_THREADS" not in os.environ:
@@ -765,6 +781,8 @@ def run(req, on_result=None):
         close_all(runners, kill=bool(interrupted))
         cache_line = cache.line() if isolated and (backend == "gpu" or cache.kernels()) else ""   # (the interpreter
         cache.close()                                                                            # compiles nothing)
+        if held is not None:
+            held.release()
     the_run.cache = cache_line
     the_run.seconds = time.perf_counter() - t0
     files.finish(the_run, partial=bool(the_run.stopped == "interrupted"))
