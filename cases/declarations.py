@@ -201,9 +201,10 @@ class Declarations:
     backward: str = "auto"
     given: tuple = field(default=(), compare=False)   # the names declared (not left at their default)
 
-    @classmethod
-    def make(cls, **values):
-        """Declarations from keyword values (as a user writes them); raises DeclarationError."""
+    @staticmethod
+    def parse(values):
+        """Each keyword value (as a user writes it) parsed on its own, {name: value}; raises DeclarationError. How
+        the values combine is make()'s check."""
         unknown = [k for k in values if k not in BY_NAME]
         if unknown:
             raise DeclarationError(f"unknown declaration(s) {', '.join(unknown)}; known: {', '.join(BY_NAME)}")
@@ -213,7 +214,12 @@ class Declarations:
                 parsed[k] = BY_NAME[k].parse(v) if v is not None else None
             except DeclarationError as exc:
                 raise DeclarationError(f"{BY_NAME[k].flag} ({k}): {exc}") from None
-        decl = cls(**parsed, given=tuple(k for k in BY_NAME if k in values))
+        return parsed
+
+    @classmethod
+    def make(cls, **values):
+        """Declarations from keyword values (as a user writes them); raises DeclarationError."""
+        decl = cls(**cls.parse(values), given=tuple(k for k in BY_NAME if k in values))
         decl.check()
         return decl
 

@@ -205,6 +205,18 @@ def test_more_usage_errors_exit_2(args, words, backend):
     assert words in proc.stderr, explain(proc)
 
 
+def test_a_bad_declared_value_is_a_usage_error_before_the_kernel_is_imported(tmp_path):
+    """A declaration's bad value (--seq-multiple 0, --dtypes fp8) answers at once: no worker starts, so the kernel's
+    module is never imported (on the H200 a worker's start costs seconds; the usage error used to wait for it)."""
+    marker = tmp_path / "imported"
+    (tmp_path / "k.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                   "def attention(q, k, v, *, causal=False, scale=None):\n    return q\n")
+    for args, words in ((["--seq-multiple", "0"], "seq_multiple must be >= 1"), (["--dtypes", "fp8"], "fp8")):
+        proc = verify(f"{tmp_path / 'k.py'}:attention", *args)
+        assert proc.returncode == 2 and words in proc.stderr, explain(proc)
+    assert not marker.exists(), "a worker imported the kernel before the usage error"
+
+
 def test_signature_that_cannot_take_q_k_v_is_a_usage_error(tmp_path):
     (tmp_path / "two_args.py").write_text("def attention(q, k):\n    return q\n")
     proc = verify(f"{tmp_path / 'two_args.py'}:attention")

@@ -667,7 +667,13 @@ def run(req, on_result=None):
     t0 = time.perf_counter()
     backend = active_backend()
     _check(req, backend)
-    if req.declarations.get("head_dims") is not None:     # before any worker starts (seconds each on a GPU)
+    # the declarations given here, each parsed before any worker starts (seconds each: a bad value was a usage error
+    # only after them); how they combine with the kernel's own is checked once those are known
+    try:
+        Declarations.parse({k: v for k, v in req.declarations.items() if v is not None})
+    except DeclarationError as exc:
+        raise UsageError(str(exc)) from None
+    if req.declarations.get("head_dims") is not None:
         _check_head_dims(_declarations({}, {"head_dims": req.declarations["head_dims"]}))
     the_shard = shard.parse(req.shard)
     if isinstance(req.target, str):
