@@ -115,11 +115,9 @@ def expectation(dtype, q, k, v, *, causal=False, scale=None, align="bottom-right
             problem = plain(tuple(q.shape), tuple(k.shape), tuple(v.shape), causal, scale, align)
         ref = torch_ref.softmax_parts(q, k, v, problem=problem)
         scores = _score_side(dtype, half_scores, q, k, ref, problem)
-        out = ref.out
-    else:
-        v = torch.as_tensor(v).to(device=scores.p.device, dtype=torch.float64)
-        out = torch.matmul(scores.ref.p, torch_ref.expand_kv(v, scores.problem))   # as softmax_parts computes it
-    return _value_side(scores, torch_ref.expand_kv(v, scores.problem), out, lean)
+        return _value_side(scores, torch_ref.expand_kv(v, problem), ref.out, lean)
+    v = torch_ref.expand_kv(torch.as_tensor(v).to(device=scores.p.device, dtype=torch.float64), scores.problem)
+    return _value_side(scores, v, torch.matmul(scores.ref.p, v), lean)     # p v, as softmax_parts computes it
 
 
 KEEP_SCORES = 1 << 22   # score elements (B * Hq * Nq * Nk) up to which an Expectation keeps its Scores for reuse
