@@ -264,7 +264,7 @@ def judge_isolated(tasks, jobs=1, stop_at_first=False, timeout=None, on_done=Non
                 # a mutant whose stores stray past its tensors corrupts whatever lies there: what it hits (a crash,
                 # or nothing the oracle sees) depends on its process's heap, so it always runs in a new server, whose
                 # children fork from the same state every time (a served one's heap depends on the mutants before)
-                own = Worker(worker.timeout, compile_timeout=worker.timeout) if mutant.strays else None
+                own = Worker(worker.timeout, compile_timeout=worker.timeout, fresh=True) if mutant.strays else None
                 try:
                     out[i] = _judge_task(own or worker, mutant, cases, stop_at_first, timeout, on_verdict)
                 except TargetError as exc:

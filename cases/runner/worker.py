@@ -54,6 +54,7 @@ START_TIMEOUT = 300.0      # importing torch, Triton and a target can take a whi
 # are kept, the oldest stopped first; the rest stop when this process exits (atexit, or their stdin's end).
 PARK_AT_MOST = 4
 _parked = []                # Workers holding a parked server (and nothing else)
+_NOT_KEYED = ("PYTEST_CURRENT_TEST",)   # environment variables that change while a process runs, told to no one
 _parked_lock = threading.Lock()
 
 
@@ -99,10 +100,12 @@ def resolve(path):
 class Worker:
     """A target judged in worker processes, with a timeout per call (see the module docstring).
 
-    wrap: argv put in front of the worker's interpreter (compute-sanitizer); env: extra environment."""
+    wrap: argv put in front of the worker's interpreter (compute-sanitizer); env: extra environment; fresh: a
+    server of its own, never one parked before, and never parked after."""
 
-    def __init__(self, timeout, wrap=(), env=None, compile_timeout=None):
+    def __init__(self, timeout, wrap=(), env=None, compile_timeout=None, fresh=False):
         self.timeout = timeout
+        self.fresh = fresh
         self.compile_timeout = compile_timeout or max(timeout, COMPILE_TIMEOUT)
         self.wrap = list(wrap)
         self.env = dict(env or {})
@@ -240,8 +243,11 @@ class Worker:
 
     def _start(self):
         env = dict(os.environ, **self.env)
-        # a compute-sanitizer's server (wrap) is not kept: each run of it starts its own
-        self._key = None if self.wrap else (tuple(sorted(env.items())), os.getcwd(), os.getpid())
+        # a compute-sanitizer's server (wrap) and a fresh one are not kept: each run of them starts its own
+        # (pytest names the running test in PYTEST_CURRENT_TEST: with it in the key, no test of a pytest-xdist
+        # worker adopted a server an earlier test parked; the H200 suite's workers started 73, 3.1 s of CPU each)
+        keyed = tuple(sorted((k, v) for k, v in env.items() if k not in _NOT_KEYED))
+        self._key = None if self.wrap or self.fresh else (keyed, os.getcwd(), os.getpid())
         with _parked_lock:
             found = [i for i, w in enumerate(_parked) if w._key == self._key and w.proc.poll() is None]
             adopted = _parked.pop(found[-1]) if found else None
