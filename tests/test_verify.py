@@ -1,6 +1,7 @@
-"""`flashcheck verify` end to end, as a user runs it (a subprocess of `python -m flashcheck verify`): exit codes,
-the two examples, one named failure per way a kernel can misbehave, the JSON and JUnit reports, and cases
-skipped by declaration listed as skipped with their reason."""
+"""`flashcheck verify` end to end, through its command line (`python -m flashcheck verify` in a subprocess where the
+process is the point, its main() in this process elsewhere: verify() below): exit codes, the two examples, one
+named failure per way a kernel can misbehave, the JSON and JUnit reports, and cases skipped by declaration listed
+as skipped with their reason."""
 import fcntl
 import json
 import os
@@ -27,11 +28,47 @@ BUGGY_SELECTION = ("--only", "hand_one_query_two_keys,cross_nq_gt_nk,causal_squa
 HANG_TIMEOUT = 4   # seconds: the hanging kernel sleeps an hour; every well-behaved case here takes ~10 ms
 
 
-def verify(*args):
-    """Run `python -m flashcheck verify ARGS` from the repository root; the backend is the one conftest chose
-    (inherited through FLASHCHECK_BACKEND)."""
-    return subprocess.run([sys.executable, "-m", "flashcheck", "verify", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+def verify(*args, process=False):
+    """`flashcheck verify ARGS` from the repository root, on the backend conftest chose, as a CompletedProcess.
+    process=True: `python -m flashcheck verify ARGS` in a subprocess, as a user types it (the buggy fixture and the
+    fused selection below: the exit status, the table and the summary line as a shell sees them). Otherwise in this
+    process: the command line's own main(ARGS), its stdout and stderr captured and its exit status returned, while
+    the kernel still runs in verify's worker processes. A subprocess cost each call a fresh interpreter importing
+    torch and Triton and servers of its own (H200 suite: 77 of them, 2.5 s of CPU each, and their 71 servers, 3.1 s
+    each); here the servers are those this pytest worker parked (cases/runner/worker.py)."""
+    if process:
+        return subprocess.run([sys.executable, "-m", "flashcheck", "verify", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300)
+    return main_in_process("verify", *args)
+
+
+def main_in_process(*argv):
+    """`flashcheck ARGV` run by cases/cli.py's main() in this process, from the repository root: a CompletedProcess
+    with its exit status (argparse's SystemExit included) and what it wrote to stdout and stderr. --backend sets
+    FLASHCHECK_BACKEND as it would in a process of its own: restored afterwards."""
+    import contextlib
+    import io
+
+    from flashcheck.cases import cli
+
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    backend = os.environ.get("FLASHCHECK_BACKEND")
+    os.chdir(ROOT)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(list(argv))
+            except SystemExit as exc:     # argparse's usage errors and --help
+                code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+                if isinstance(exc.code, str):
+                    print(exc.code, file=sys.stderr)
+    finally:
+        os.chdir(here)
+        if backend is None:
+            os.environ.pop("FLASHCHECK_BACKEND", None)
+        else:
+            os.environ["FLASHCHECK_BACKEND"] = backend
+    return subprocess.CompletedProcess(["flashcheck", *argv], code, out.getvalue(), err.getvalue())
 
 
 def once(request, name, produce):
@@ -82,7 +119,7 @@ def row(stdout, name):
 def test_fused_kernel_passes_a_selection(backend):
     """No target: the project's fused kernel; each entry in every dtype (bf16 of a Triton kernel: GPU only)."""
     cases = "hand_one_query_two_keys,partial_last_key_block,causal_nq_gt_nk,layout_mixed"
-    proc = verify("--only", cases, "-q")
+    proc = verify("--only", cases, "-q", process=True)
     assert proc.returncode == 0, explain(proc)
     counts = "12 passed, 0 failed, 0 skipped" if backend == "gpu" else "8 passed, 0 failed, 4 skipped \\(4 GPU only\\)"
     assert re.fullmatch(rf"verify flashcheck\.kernel\.fused:attention on .*: {counts}, 0 reduced; 4 of 4 catalogue "
@@ -97,7 +134,7 @@ def buggy(request):
     def produce():
         with tempfile.TemporaryDirectory() as where:
             report = Path(where) / "r.json"
-            proc = verify(BUGGY, *BUGGY_SELECTION, "--json", str(report))
+            proc = verify(BUGGY, *BUGGY_SELECTION, "--json", str(report), process=True)
             return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
                     "report": json.loads(report.read_text()) if report.exists() else None}
     return SimpleNamespace(**once(request, "buggy", produce))
