@@ -36,6 +36,10 @@ BACKEND = select_backend()
 if BACKEND == "gpu":
     for _var, _sub in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
         os.environ.setdefault(_var, os.path.join(default_dir(), _sub))
+    # this process's waits for the GPU sleep instead of spinning beside the other workers (cases/backend.py)
+    from flashcheck.cases.backend import sleep_while_waiting  # noqa: E402
+
+    sleep_while_waiting()
 
 import pytest  # noqa: E402
 

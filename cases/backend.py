@@ -102,6 +102,36 @@ def quicken_interpreter():
     grid.__call__ = call
 
 
+CU_CTX_SCHED_BLOCKING_SYNC = 0x04
+
+
+def sleep_while_waiting():
+    """Make this process's waits for the GPU sleep until the device is done, instead of spinning on a core: the
+    primary contexts' scheduling flag CU_CTX_SCHED_BLOCKING_SYNC, set through the driver before CUDA's first use
+    here. CUDA's default spins whenever a process holds fewer contexts than the machine has cores, so each of the
+    many processes the suite and verify's workers run beside each other on one GPU burned a core for as long as
+    it waited, its kernels queued behind the other processes' on the time-sliced device (a cost of the host
+    only: the kernels and their timing on the device are the same). Only for processes flashcheck owns (a
+    runner's child, the suite's pytest processes): cuInit must not run in a process that forks later (the
+    runner's server). Returns whether the flag was set; anything missing (no driver, an old one) leaves CUDA's
+    default."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    set_flags = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or getattr(cuda, "cuDevicePrimaryCtxSetFlags",
+                                                                                 None)
+    count, dev = ctypes.c_int(0), ctypes.c_int(0)
+    if set_flags is None or cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return False
+    done = count.value > 0
+    for i in range(count.value):
+        done = done and cuda.cuDeviceGet(ctypes.byref(dev), i) == 0 and set_flags(dev, CU_CTX_SCHED_BLOCKING_SYNC) == 0
+    return done
+
+
 def backend():
     """The backend chosen by select_backend() ("gpu" or "cpu")."""
     return os.environ.get("FLASHCHECK_BACKEND") or select_backend()

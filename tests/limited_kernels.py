@@ -167,3 +167,16 @@ def top_left_window(q, k, v, *, causal=False, scale=None, window=None):
             sees &= j <= i + right
     s = (q.float() @ k.float().transpose(-1, -2) * scale).masked_fill(~sees, float("-inf"))
     return (torch.softmax(s, dim=-1).nan_to_num(0.0) @ v.float()).to(q.dtype)
+
+
+def waiting_cost(target, cycles):
+    """(wall, CPU) seconds of this process around one wait for the GPU to run torch.cuda._sleep(cycles)."""
+    import resource
+
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    torch.cuda._sleep(cycles)
+    torch.cuda.synchronize()
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return time.perf_counter() - t0, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)

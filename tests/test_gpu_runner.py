@@ -53,3 +53,22 @@ def test_memcheck_clean_kernel_and_flagged_mutants():
     for mutant in ("kv_mask_plus", "store_no_row_mask"):
         errors, verdict = lines[f"mutant:{mutant}"]
         assert errors > 0 and verdict == "flagged", proc.stdout
+
+
+def test_waits_for_the_gpu_sleep_instead_of_spinning():
+    """A runner's child and this pytest process wait for the GPU asleep (cases/backend.py, sleep_while_waiting): a
+    wait of about half a second costs them well under half its time of CPU, where CUDA's default spins for all of it
+    (the suite's processes burnt the cores they shared so)."""
+    from flashcheck.cases.runner.worker import Worker
+    from tests.limited_kernels import waiting_cost
+
+    cycles = 10 ** 9      # about 0.5 s at the H200's clock
+    wall, cpu = waiting_cost(None, cycles)
+    assert wall > 0.2 and cpu < wall / 2, (wall, cpu)
+    worker = Worker(timeout=60)
+    try:
+        worker.open("tests/limited_kernels.py:slow_first_call")
+        wall, cpu = worker.call("tests.limited_kernels:waiting_cost", cycles)
+    finally:
+        worker.close()
+    assert wall > 0.2 and cpu < wall / 2, (wall, cpu)

@@ -41,7 +41,7 @@ import traceback
 
 import torch
 
-from flashcheck.cases.backend import select_backend
+from flashcheck.cases.backend import select_backend, sleep_while_waiting
 from flashcheck.cases.oracle.kinds import classify_death
 from flashcheck.cases.runner.target import TargetError, check_signature, load_target, python_command, target_info
 
@@ -445,6 +445,8 @@ def _warm_up(gpu):
 
 
 def _child(spec, out):
+    if os.environ.get("FLASHCHECK_BACKEND") == "gpu":
+        sleep_while_waiting()     # before the target (its import may touch CUDA): cases/backend.py says why
     try:
         target = load_target(spec)
         info = target_info(target)
