@@ -876,7 +876,11 @@ MUTANTS = [
            "lse lands in another's rows",
            'issue 31: packed sequences (an lse scratch indexed by the rounded-up length)',
            ('varlen_block_edges', 'varlen_empty_sequences'), entry="attention_varlen",
-           strays="stores past the end of the lse the wrapper allocates"),
+           strays="stores past the end of the lse the wrapper allocates",
+           gpu_only="the interpreter's stray stores land in the host heap it shares with the oracle: whether they "
+                    "crash the process, leave the displaced rows for the oracle or overwrite what it compares "
+                    "depends on that heap's layout (it passed the whole oracle from one checkout's path and was "
+                    "killed from another)"),
     Mutant('paged_keys_from_max_seqlen', 'fused',
            '        Nk = tl.load(Seqlens + off_b)\n',
            '',
