@@ -25,7 +25,7 @@ if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
 # test time on the H200 went from 4020 s to 3128 s with it, beside two smaller changes).
 keep_bytecode()
 
-from flashcheck.cases.backend import select_backend  # noqa: E402
+from flashcheck.cases.backend import select_backend, sleep_while_waiting  # noqa: E402
 
 BACKEND = select_backend()
 
@@ -37,8 +37,6 @@ if BACKEND == "gpu":
     for _var, _sub in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
         os.environ.setdefault(_var, os.path.join(default_dir(), _sub))
     # this process's waits for the GPU sleep instead of spinning beside the other workers (cases/backend.py)
-    from flashcheck.cases.backend import sleep_while_waiting  # noqa: E402
-
     sleep_while_waiting()
 
 import pytest  # noqa: E402

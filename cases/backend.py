@@ -126,10 +126,9 @@ def sleep_while_waiting():
     count, dev = ctypes.c_int(0), ctypes.c_int(0)
     if set_flags is None or cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
         return False
-    done = count.value > 0
-    for i in range(count.value):
-        done = done and cuda.cuDeviceGet(ctypes.byref(dev), i) == 0 and set_flags(dev, CU_CTX_SCHED_BLOCKING_SYNC) == 0
-    return done
+    done = [cuda.cuDeviceGet(ctypes.byref(dev), i) == 0 and set_flags(dev, CU_CTX_SCHED_BLOCKING_SYNC) == 0
+            for i in range(count.value)]
+    return bool(done) and all(done)
 
 
 def backend():

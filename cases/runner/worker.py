@@ -54,7 +54,7 @@ START_TIMEOUT = 300.0      # importing torch, Triton and a target can take a whi
 # are kept, the oldest stopped first; the rest stop when this process exits (atexit, or their stdin's end).
 PARK_AT_MOST = 4
 _parked = []                # Workers holding a parked server (and nothing else)
-_NOT_KEYED = ("PYTEST_CURRENT_TEST",)   # environment variables that change while a process runs, told to no one
+_NOT_KEYED = ("PYTEST_CURRENT_TEST",)   # left out of the adoption key: pytest rewrites it for every test
 _parked_lock = threading.Lock()
 
 
@@ -406,7 +406,7 @@ def serve():
         if pid == 0:
             code = 1
             try:
-                code = _child(message[1], out)
+                code = _child(message[1], out, gpu)
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -444,8 +444,8 @@ def _warm_up(gpu):
             key()
 
 
-def _child(spec, out):
-    if os.environ.get("FLASHCHECK_BACKEND") == "gpu":
+def _child(spec, out, gpu):
+    if gpu:
         sleep_while_waiting()     # before the target (its import may touch CUDA): cases/backend.py says why
     try:
         target = load_target(spec)
@@ -455,7 +455,6 @@ def _child(spec, out):
         return 0
     _write_frame(out, ("ready", info))
     target = _watched(target, out)
-    gpu = info["backend"] == "gpu"
     while True:
         message = _read_frame(0)
         if message is None or message[0] == "close":
