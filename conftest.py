@@ -1,4 +1,5 @@
-"""Backend choice before Triton is imported, per-worker GPU pinning, and GPU fault containment.
+"""Backend choice before Triton is imported (in each process that runs tests, not in pytest-xdist's controller),
+per-worker GPU pinning, and GPU fault containment.
 
 FLASHCHECK_BACKEND=cpu|gpu forces a backend; otherwise CUDA when a GPU is visible, else Triton's
 interpreter on the CPU (TRITON_INTERPRET=1). Under pytest-xdist, worker n uses GPU n mod count (set through
@@ -6,6 +7,7 @@ CUDA_VISIBLE_DEVICES before CUDA starts). FLASHCHECK_WORKER_LOG=PATH appends one
 device. A sticky CUDA error (illegal address) poisons a process for good: after any test that leaves one,
 the worker exits, and pytest-xdist replaces it with a fresh one, so the tests that follow still run.
 """
+import functools
 import os
 
 from flashcheck.cases.runner.cache import default_dir, keep_bytecode  # (nothing heavy: torch waits for the backend)
@@ -25,30 +27,80 @@ if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
 # test time on the H200 went from 4020 s to 3128 s with it, beside two smaller changes).
 keep_bytecode()
 
-from flashcheck.cases.backend import select_backend, sleep_while_waiting  # noqa: E402
-
-BACKEND = select_backend()
-
-# On the GPU one compile cache serves the whole session: this process's own kernels, the mutants' workers and the
-# workers of every verify the tests start (which use flashcheck's directory, cases/runner/cache.py). Left to
-# Triton's default here, each kernel specialisation the tests share with a verify run compiled twice. Set before
-# Triton is imported; a TRITON_CACHE_DIR of the user's own stands.
-if BACKEND == "gpu":
-    for _var, _sub in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
-        os.environ.setdefault(_var, os.path.join(default_dir(), _sub))
-    # this process's waits for the GPU sleep instead of spinning beside the other workers (cases/backend.py)
-    sleep_while_waiting()
-
 import pytest  # noqa: E402
+
+# The backend, chosen in pytest_configure below by every process that runs tests (None until then). Not in the
+# pytest-xdist controller, which hands the tests to its workers and runs none: there torch's import (for the
+# choice) and CUDA's start came before the workers were started, and each worker did both again. On a fresh H200
+# machine the workers started 7 s after the command, and ran their first test 12 s after it.
+BACKEND = None
+
+
+def _set_up():
+    """Choose the backend (before Triton is imported: the test modules import it), and on the GPU the shared
+    compile cache and the wait mode."""
+    global BACKEND
+    from flashcheck.cases.backend import select_backend, sleep_while_waiting
+
+    BACKEND = select_backend()
+    # On the GPU one compile cache serves the whole session: this process's own kernels, the mutants' workers and
+    # the workers of every verify the tests start (which use flashcheck's directory, cases/runner/cache.py). Left
+    # to Triton's default here, each kernel specialisation the tests share with a verify run compiled twice. Set
+    # before Triton is imported; a TRITON_CACHE_DIR of the user's own stands.
+    if BACKEND == "gpu":
+        for var, sub in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
+            os.environ.setdefault(var, os.path.join(default_dir(), sub))
+        # this process's waits for the GPU sleep instead of spinning beside the other workers (cases/backend.py)
+        sleep_while_waiting()
+
+
+def hands_tests_to_workers(config):
+    """Whether this process is a pytest-xdist controller, which hands every test to its workers and runs none (xdist's
+    distribution mode: a --dist other than no and workers to send to; not under --collect-only, -n 0 or -p no:xdist,
+    nor in a worker)."""
+    return (not hasattr(config, "workerinput") and not config.getoption("collectonly", False)
+            and config.getoption("dist", "no") != "no" and bool(config.getoption("tx", None)))
+
+
+def pytest_configure(config):
+    if not hands_tests_to_workers(config):
+        _set_up()
+
 
 # tests/fault_demo faults the GPU on purpose; tests/test_gpu_runner.py runs it in a pytest of its own
 collect_ignore = [] if os.environ.get("FLASHCHECK_FAULT_DEMO") else ["tests/fault_demo"]
 
 
 def pytest_report_header(config):
+    if BACKEND is None:     # the controller: each worker chooses, and says what it chose at the end (below)
+        chosen = os.environ.get("FLASHCHECK_BACKEND") or "the GPU where CUDA is visible, else the CPU"
+        return f"flashcheck backend: chosen by each worker ({chosen}); named at the end"
     from flashcheck.cases.backend import describe
 
     return f"flashcheck backend: {describe()}"
+
+
+_WORKER_BACKENDS = {}     # the controller's: what each worker's backend() describes, with the workers' ids
+
+
+def pytest_sessionfinish(session):
+    output = getattr(session.config, "workeroutput", None)     # a pytest-xdist worker's, sent to the controller
+    if output is not None and BACKEND is not None:
+        from flashcheck.cases.backend import describe
+
+        output["flashcheck_backend"] = describe()
+
+
+@pytest.hookimpl(optionalhook=True)      # pytest-xdist's hook: absent without it
+def pytest_testnodedown(node, error):
+    line = getattr(node, "workeroutput", {}).get("flashcheck_backend")
+    if line:
+        _WORKER_BACKENDS.setdefault(line, []).append(node.gateway.id)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line, workers in _WORKER_BACKENDS.items():
+        terminalreporter.write_line(f"flashcheck backend ({len(workers)} worker(s)): {line}")
 
 
 @pytest.fixture(scope="session")
@@ -71,7 +123,9 @@ def device():
 # H200 one worker ran five of the eight fp32 precision shards one after another and the run ended 40 s after the
 # others were done. Dealt round-robin by module, the two workers that each ran a group of four precision shards
 # (125 s) were also dealt five more long tests each, and the run ended 8 to 15 s after most workers.)
+@functools.lru_cache(maxsize=None)
 def _durations():
+    """The recorded seconds of the long tests on this backend (read once the backend is chosen)."""
     import json
 
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests", "durations")
@@ -82,12 +136,9 @@ def _durations():
         return {}
 
 
-_SECONDS = _durations()
-
-
 def _cost(item):
     """The seconds a long test took in the recorded run, 0 for a short one."""
-    return _SECONDS.get(item.nodeid, 0)
+    return _durations().get(item.nodeid, 0)
 
 
 def first_parts(total, workers):
@@ -168,7 +219,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_sessionstart(session):
     path = os.environ.get("FLASHCHECK_WORKER_LOG")
-    if path:
+    if path and BACKEND is not None:
         from flashcheck.cases.backend import describe
 
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
@@ -186,8 +237,9 @@ def pytest_runtest_teardown(item, nextitem):
         restart_if_cuda_poisoned(item)
 
 
-# hypothesis profiles (cases/generate/strategies.py): dev, ci, thorough; pytest's --hypothesis-profile overrides this
-from flashcheck.cases.generate.strategies import load_default_profile, seed_alone  # noqa: E402
+# hypothesis profiles (cases/generate/profiles.py, no torch): dev, ci, thorough; pytest's --hypothesis-profile
+# overrides this. Loaded in the controller too, whose header names the profile.
+from flashcheck.cases.generate.profiles import load_default_profile, seed_alone  # noqa: E402
 
 load_default_profile()
 # the suite's own @given tests draw from their seeds alone too, whatever the tests before them imported (held for

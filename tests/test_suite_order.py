@@ -81,3 +81,36 @@ def test_derandomized_draws_depend_on_the_seed_alone(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.import_module("fc_many_literals")
     assert draws() == before
+
+
+def test_the_xdist_controller_imports_no_torch_and_the_workers_name_their_backend(tmp_path):
+    """pytest-xdist's controller runs no test: conftest chooses the backend (importing torch, starting CUDA) in
+    the processes that run tests. Before, the controller did both before it started its workers (a fresh H200
+    machine: workers started 7 s after the command). Its header says the workers choose; the workers' choice is
+    named at the end. A plain run (no workers) chooses in its own process, and its header names the backend."""
+    import os
+    import subprocess
+    import sys
+
+    spy = tmp_path / "controller_spy.py"
+    spy.write_text("import sys\n"
+                   "def pytest_sessionfinish(session):\n"
+                   "    if not hasattr(session.config, 'workerinput'):\n"
+                   f"        open({str(tmp_path / 'seen')!r}, 'w').write(str('torch' in sys.modules))\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    test = "tests/test_suite_order.py::test_long_tests_are_dealt_to_the_front_of_every_workers_part"
+
+    def pytest(*args):
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "controller_spy", "-p", "no:cacheprovider",
+                               *args, test], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout, (tmp_path / "seen").read_text()
+
+    out, torch_in_controller = pytest("-n", "2")
+    assert torch_in_controller == "False", out
+    assert "flashcheck backend: chosen by each worker" in out
+    assert "flashcheck backend (2 worker(s)): " in out, out
+    out, torch_in_plain_run = pytest("-p", "no:xdist")
+    assert torch_in_plain_run == "True"
+    assert "flashcheck backend: " in out and "chosen by each worker" not in out, out
