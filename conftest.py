@@ -67,37 +67,6 @@ def pytest_configure(config):
         _set_up()
 
 
-def _gpu_visible():
-    """Whether the workers will choose the GPU, told without torch (the controller's): FLASHCHECK_BACKEND, else an
-    NVIDIA GPU the driver lists that CUDA_VISIBLE_DEVICES does not hide."""
-    chosen = os.environ.get("FLASHCHECK_BACKEND", "").lower()
-    if chosen:
-        return chosen == "gpu"
-    if os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
-        return False
-    try:
-        return bool(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return False
-
-
-# On the GPU, -n auto starts a quarter more workers than the machine has cores. There the suite's processes spend
-# part of their time waiting (for the device, which sixteen processes share by time slices, for the subprocesses
-# and servers they start, and in the tests that sleep on purpose), and a core left idle by a waiting worker was idle
-# for good: one worker per core kept the H200 machine's 16 cores 88 % busy after the workers' start (vmstat, a cold
-# run at ecda20f). PYTEST_XDIST_AUTO_NUM_WORKERS, or an explicit -n N, still decides; on the CPU nothing changes
-# (the interpreter keeps its worker busy).
-OVERSUBSCRIBE = 1.25
-
-
-@pytest.hookimpl(optionalhook=True)      # pytest-xdist's hook, called for -n auto in the controller
-def pytest_xdist_auto_num_workers(config):
-    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or not _gpu_visible():
-        return None      # xdist's own count
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, int(cores * OVERSUBSCRIBE))
-
-
 # tests/fault_demo faults the GPU on purpose; tests/test_gpu_runner.py runs it in a pytest of its own
 collect_ignore = [] if os.environ.get("FLASHCHECK_FAULT_DEMO") else ["tests/fault_demo"]
 

@@ -114,20 +114,3 @@ def test_the_xdist_controller_imports_no_torch_and_the_workers_name_their_backen
     out, torch_in_plain_run = pytest("-p", "no:xdist")
     assert torch_in_plain_run == "True"
     assert "flashcheck backend: " in out and "chosen by each worker" not in out, out
-
-
-def test_auto_starts_a_quarter_more_workers_than_cores_on_the_gpu_only(monkeypatch):
-    """-n auto on a GPU machine: cores * 1.25 workers (their processes wait for the device and their subprocesses);
-    on the CPU, or with PYTEST_XDIST_AUTO_NUM_WORKERS, pytest-xdist's own count (the hook answers None)."""
-    monkeypatch.setattr(conftest.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
-    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
-    monkeypatch.setenv("FLASHCHECK_BACKEND", "gpu")
-    assert conftest.pytest_xdist_auto_num_workers(None) == 20
-    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")
-    assert conftest.pytest_xdist_auto_num_workers(None) is None
-    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS")
-    monkeypatch.setenv("FLASHCHECK_BACKEND", "cpu")
-    assert conftest.pytest_xdist_auto_num_workers(None) is None
-    monkeypatch.delenv("FLASHCHECK_BACKEND")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert conftest.pytest_xdist_auto_num_workers(None) is None
