@@ -40,9 +40,10 @@ def _set_up():
     """Choose the backend (before Triton is imported: the test modules import it), and on the GPU the shared
     compile cache and the wait mode."""
     global BACKEND
-    from flashcheck.cases.backend import select_backend, sleep_while_waiting
+    from flashcheck.cases.backend import keep_freed_memory, select_backend, sleep_while_waiting
 
     BACKEND = select_backend()
+    keep_freed_memory()       # the oracle's arrays, judged in this process by many tests, reuse freed memory
     # On the GPU one compile cache serves the whole session: this process's own kernels, the mutants' workers and
     # the workers of every verify the tests start (which use flashcheck's directory, cases/runner/cache.py). Left
     # to Triton's default here, each kernel specialisation the tests share with a verify run compiled twice. Set

@@ -14,7 +14,7 @@ import importlib
 import os
 import sys
 
-from flashcheck.cases.backend import BackendError, select_backend
+from flashcheck.cases.backend import BackendError, keep_freed_memory, select_backend
 from flashcheck.cases.runner.cache import keep_bytecode
 
 SUBCOMMANDS = {
@@ -44,6 +44,7 @@ def run(args):
 
 def main(argv=None):
     keep_bytecode()     # before anything imports torch: cases/runner/cache.py says why
+    keep_freed_memory()  # the oracle's arrays reuse freed memory (cases/backend.py)
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="flashcheck", description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=["cpu", "gpu"],

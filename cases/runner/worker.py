@@ -41,7 +41,7 @@ import traceback
 
 import torch
 
-from flashcheck.cases.backend import select_backend, sleep_while_waiting
+from flashcheck.cases.backend import keep_freed_memory, select_backend, sleep_while_waiting
 from flashcheck.cases.oracle.kinds import classify_death
 from flashcheck.cases.runner.target import TargetError, check_signature, load_target, python_command, target_info
 
@@ -386,6 +386,7 @@ def _write_frame(fd, message):
 def serve():
     """The server's loop (started by Worker._start in a fresh interpreter)."""
     faulthandler.enable()     # a segfault in a kernel leaves a stack in the log
+    keep_freed_memory()       # its children inherit it: the oracle's arrays reuse freed memory (cases/backend.py)
     _die_with_parent()
     out = os.dup(1)
     os.dup2(2, 1)             # prints go to the log, never into a frame
