@@ -190,7 +190,7 @@ DEFAULT_TIMEOUT = 600.0      # seconds a case may take before the worker is decl
 
 
 def _judge_task(worker, mutant, cases, stop_at_first, timeout, on_verdict):
-    worker.open(spec(mutant))
+    worker.open(spec(mutant), reuse=not mutant.strays)
     results = []
     for case in cases:
         try:
@@ -210,10 +210,13 @@ def _judge_task(worker, mutant, cases, stop_at_first, timeout, on_verdict):
     return results
 
 
-# Servers of judge_isolated's workers kept between calls in this process (the test suite calls it once per mutant):
-# each mutant still runs in a child forked for it alone, but not every mutant pays for a new interpreter importing
-# torch and Triton (on an H200 host under the suite's load, seconds of each of the corpus's 100-odd tests). A mutant
-# with strays never uses one (judge_isolated).
+# Servers of judge_isolated's workers kept between calls in this process (the test suite calls it once per mutant),
+# with their child: not every mutant pays for a new interpreter importing torch and Triton (on an H200 host under the
+# suite's load, seconds of each of the corpus's 100-odd tests), nor for a new CUDA context (Worker.open's reuse). A
+# mutant is one of the project's kernels with one edit: it imports as a module of its own name and changes no state
+# of the process, so the next mutant finds none of it (on the CPU every mutant is judged in the suite's own
+# process). A child that died, hung or holds a sticky CUDA error is gone, and the next mutant gets a fresh one. A
+# mutant with strays never uses one (judge_isolated).
 _SPARE, _SPARE_LOCK = [], threading.Lock()
 
 
@@ -227,7 +230,8 @@ def _spare_worker(timeout):
 
 
 def _park(worker):
-    if worker.park():
+    """Keep the worker for the next call, its child too where one is open (the next mutant reuses it)."""
+    if worker.child_open and worker.proc is not None and worker.proc.poll() is None or worker.park():
         with _SPARE_LOCK:
             _SPARE.append(worker)
     else:
@@ -243,7 +247,8 @@ def _close_spares():
 
 
 def judge_isolated(tasks, jobs=1, stop_at_first=False, timeout=None, on_done=None, on_verdict=None):
-    """Judge [(mutant, cases)] in `jobs` workers (cases/runner/worker.py), each mutant in a child of its own.
+    """Judge [(mutant, cases)] in `jobs` workers (cases/runner/worker.py): a mutant in the child the mutant before
+    it left clean, or in a fresh one (after a death, a hang or a sticky CUDA error; always for a mutant with strays).
     Returns the [(case, Verdict)] lists in the order of the tasks; on_done(index, mutant, results) is called
     as each task finishes. A mutant that no longer applies or does not import raises RuntimeError."""
     pending = queue.Queue()
