@@ -61,19 +61,13 @@ SHARDS = 4
     pytest.param("flashcheck.kernel.fused:attention_tf32x3", id="tf32x3", marks=pytest.mark.one_worker("tf32x3")),
     pytest.param("tests.fused_paths:attention_ieee_fma", id="ieee_fma", marks=pytest.mark.one_worker("ieee_fma"))])
 def test_fp32_paths_pass_every_fp32_catalogue_case(target, shard):
-    """The whole fp32 catalogue, judged by verify's oracle layers, on tf32x3 (three tf32 products per multiply)
-    and on the FMA path of "ieee" (what GPUs other than the H200's kind run): their claim is accuracy, and each
-    entry's data is what tests it. No generated cases: each is a shape of its own, so a compile of its own (the
-    slowest part of this test on an H200); the generated fp32 cases of the default path are judged by verify's own
-    runs. No properties: the relations (rows independent, keys permutable, linear in V, ...) are about the kernel's
-    indexing, masks and state, which the two paths share with the default one, where test_catalogue judges them in
-    every dtype; tf32x3's own structure (Q read again in the loop at D = 128) is judged against the reference by
-    test_kernel_features. On an H200 these eight tests took 433 s of the suite's 2,474 s of CPU with the properties,
-    the largest share of any test."""
+    """The whole fp32 catalogue and its properties, judged by verify, on tf32x3 (three tf32 products per multiply)
+    and on the FMA path of "ieee" (what GPUs other than the H200's kind run). No generated cases: each is a shape
+    of its own, so a compile of its own (the slowest part of this test on an H200), and the claim is the catalogue's;
+    the generated fp32 cases of the default path are judged by verify's own runs."""
     from tests.test_verify import explain, verify
 
-    proc = verify(target, "--dtypes", "fp32", "-q", "--jobs", "2", "--shard", f"{shard}/{SHARDS}", "--examples", "0",
-                  "--no-properties")
+    proc = verify(target, "--dtypes", "fp32", "-q", "--jobs", "2", "--shard", f"{shard}/{SHARDS}", "--examples", "0")
     assert proc.returncode == 0 and " 0 failed" in proc.stdout and " passed" in proc.stdout, explain(proc)
 
 
