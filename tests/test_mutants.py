@@ -5,6 +5,7 @@ name real mutants and cases; the isolation that the GPU relies on must contain c
 Each mutant is judged on its named killers only (the whole catalogue is `flashcheck mutants`' job).
 """
 import re
+import time
 
 import pytest
 
@@ -252,6 +253,15 @@ def test_a_clean_mutants_child_judges_the_next_mutant_and_a_dead_ones_does_not()
     stray = next(m for m in mutants.MUTANTS if m.strays and not m.gpu_only)
     mutants.kill(stray, stray.killers[:1], isolate=True)
     assert worker.call("tests.test_mutants:child_state") == (after, "flashcheck_mutant_scale_never")
+    # a child that dies after its last answer (here a timer armed by the kernel's first call) is not reused
+    doomed = _injected("probe_dies_after_answering", "import os, signal, threading; t = os.__dict__.setdefault("
+                                                     "'_fc_timer', threading.Timer(2.0, os.kill, (os.getpid(), "
+                                                     "signal.SIGKILL))); t.ident is None and t.start()")
+    mutants.kill(doomed, ["one_key"], isolate=True)
+    time.sleep(3.0)
+    [(_, fourth)] = mutants.kill(mutants.get("scale_never"), ["custom_scale"], isolate=True)
+    assert fourth.kind == "mismatch", fourth.report()
+    assert worker.call("tests.test_mutants:child_state")[0] not in (pid, after)
 
 
 def test_a_hang_is_a_timeout():

@@ -126,8 +126,8 @@ class Worker:
         about 0.5 s of CPU, and 2.4 s when 16 processes make theirs at once (an H200 host). Only for targets that
         leave nothing behind that the next one would see: the corpus's mutants (cases/corpus/mutants.py), never
         a user's kernel."""
-        if self.child_open and not reuse:
-            self._close_child()
+        if self.child_open and (not reuse or self._answer_waiting()):
+            self._close_child()       # (a child that ended since its last answer has left its "gone" waiting)
         self.spec = spec
         if self.proc is None:
             self._start()
@@ -274,6 +274,10 @@ class Worker:
     def _close_child(self):
         self._send(("close",))
         self._expect_gone()
+
+    def _answer_waiting(self):
+        """Whether a frame waits unread: with no call in flight, only the server's word that the child is gone."""
+        return self.proc is not None and bool(select.select([self.proc.stdout.fileno()], [], [], 0)[0])
 
     def _expect_gone(self):
         try:
