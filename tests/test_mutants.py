@@ -234,8 +234,9 @@ def child_state(target):
 
 def test_a_clean_mutants_child_judges_the_next_mutant_and_a_dead_ones_does_not():
     """The child that judged a mutant without dying judges the next one too, the next mutant's module in place of
-    its own (a new child is a new CUDA context: 0.5 s of CPU, 2.4 s with 16 made at once on an H200 host), with the
-    next mutant's verdicts; after a crash the next mutant gets a fresh child; a mutant with strays never shares one."""
+    its own (a new child is a new CUDA context: 0.5 s of CPU; 2.4 s, 1.0 s of it CPU, with 16 made at once on an
+    H200 host), with the next mutant's verdicts; after a crash the next mutant gets a fresh child; a mutant with
+    strays never shares one."""
     mutants._close_spares()
     [(_, first)] = mutants.kill(mutants.get("scale_never"), ["custom_scale"], isolate=True)
     [worker] = mutants._SPARE

@@ -123,9 +123,9 @@ class Worker:
 
         reuse: where this worker's child is open (its last call neither died, hung nor left a sticky CUDA error),
         that child imports `spec` in place of its target and keeps its CUDA context: a new context costs a child
-        about 0.5 s of CPU, and 2.4 s when 16 processes make theirs at once (an H200 host). Only for targets that
-        leave nothing behind that the next one would see: the corpus's mutants (cases/corpus/mutants.py), never
-        a user's kernel."""
+        about 0.5 s of CPU, and 2.4 s (1.0 s of CPU) when 16 processes make theirs at once (an H200 host). Only
+        for targets that leave nothing behind that the next one would see: the corpus's mutants
+        (cases/corpus/mutants.py), never a user's kernel."""
         if self.child_open and (not reuse or self._answer_waiting()):
             self._close_child()       # (a child that ended since its last answer has left its "gone" waiting)
         self.spec = spec
