@@ -231,7 +231,7 @@ def _spare_worker(timeout):
 
 def _park(worker):
     """Keep the worker for the next call, its child too where one is open (the next mutant reuses it)."""
-    if worker.child_open and worker.proc is not None and worker.proc.poll() is None or worker.park():
+    if worker.park(keep_child=True):
         with _SPARE_LOCK:
             _SPARE.append(worker)
     else:

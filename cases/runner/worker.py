@@ -131,9 +131,8 @@ class Worker:
         self.spec = spec
         if self.proc is None:
             self._start()
-        else:                         # a death's log tail shows this target's lines, not an earlier target's
-            self.log.seek(0, os.SEEK_END)
-            self.log_from = self.log.tell()
+        else:
+            self._log_starts_here()
         self._send(("open", spec))
         try:
             reply = self._receive(START_TIMEOUT)
@@ -218,20 +217,25 @@ class Worker:
                 pass
             self.kill()
 
-    def park(self):
+    def park(self, keep_child=False):
         """Close the child and keep the server for another target (the server never touches CUDA, so a child
         forked for the next target starts as clean as from a new one, and warm); a death's log tail then shows
-        only the next target's lines. Returns whether the server is alive to be reused (else it is gone)."""
+        only the next target's lines. Returns whether the server is alive to be reused (else it is gone).
+        keep_child: an open child stays open, for the next target to reuse (open's reuse)."""
         if self.proc is None or self.proc.poll() is not None:
             self.kill()
             return False
-        if self.child_open:
+        if self.child_open and not keep_child:
             self._close_child()
         if self.proc is None:
             return False
+        self._log_starts_here()
+        return True
+
+    def _log_starts_here(self):
+        """A death's log tail starts at the log's present end: the lines of earlier targets are not the next one's."""
         self.log.seek(0, os.SEEK_END)
         self.log_from = self.log.tell()
-        return True
 
     def kill(self):
         """Kill the server and its child (their process group) and forget them."""
@@ -262,8 +266,7 @@ class Worker:
             adopted = _parked.pop(found[-1]) if found else None
         if adopted is not None:
             self.proc, self.log = adopted.proc, adopted.log
-            self.log.seek(0, os.SEEK_END)
-            self.log_from = self.log.tell()
+            self._log_starts_here()
             return
         self.log, self.log_from = tempfile.TemporaryFile(), 0
         self.proc = subprocess.Popen(
