@@ -188,8 +188,9 @@ CATALOGUE = [
              "the fp32 tolerance (seed: tl.dot constraints). On the CPU the interpreter is always exact",
          Nq=64, Nk=64, D=128, dtype="fp32", seed=35),
     Case("nan_input_stays_in_its_row", why="a NaN in one query row must not spread to the other rows (a row max or a "
-         "sum shared across rows lets it); that row's own output is not judged: the protocol admits finite "
-         "inputs only",
+         "sum shared across rows lets it); that row's own output is not judged. The protocol admits finite "
+         "inputs only, so a kernel is judged on it only when it declares --nan-stays-in-row (the project's do; a "
+         "kernel scaling q per tensor or per block spreads the NaN and is right by the protocol)",
          Nq=20, Nk=24, D=16, data="nan_input", seed=36),
     Case("empty_queries", point=('empty_queries',), why="Nq = 0 is legal and gives an empty output", Nq=0, Nk=8, D=16, seed=37),
     Case("long_sequence", point=('causal',), why="a realistic size: many programs and key blocks with the default tiles",

@@ -99,6 +99,8 @@ def _positive(name, minimum):
     return parse
 
 
+PAGED_Q = ("bhnd", "bnhd")   # a paged kernel's q and output: (B, H, Nq, D) or (B, Nq, H, D)
+
 def _choice(name, options):
     def parse(value):
         if value not in options:
@@ -174,6 +176,14 @@ FIELDS = (
     Field("empty_lse", "--empty-lse", _choice("empty_lse", EMPTY_LSE), "-inf",
           "the log-sum-exp of a row that sees no key: -inf (the protocol; on a command line --empty-lse=-inf, "
           "since a bare -inf reads as an option) or +inf (FlashAttention's kernels)", "-inf|+inf"),
+    Field("paged_q", "--paged-q", _choice("paged_q", PAGED_Q), "bhnd",
+          "a paged kernel's q and output layout: bhnd, (B, H, Nq, D) as the dense protocol's (the default), or bnhd, "
+          "(B, Nq, H, D) as FlashAttention's flash_attn_with_kvcache; when not declared, one small paged case "
+          "judged both ways tells", "bhnd|bnhd"),
+    Field("nan_stays_in_row", "--nan-stays-in-row", _flag, False,
+          "a NaN in one query row of q stays in that row's output (FlashAttention and SDPA keep it there; a kernel "
+          "that scales q per tensor or per block, as quantised ones do, cannot): the case with a NaN in q is judged "
+          "only with this declaration, since the protocol admits finite inputs only"),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 
@@ -196,6 +206,8 @@ class Declarations:
     dv: str = "auto"
     head_map: str = "grouped"
     empty_lse: str = "-inf"
+    nan_stays_in_row: bool = False
+    paged_q: str = "bhnd"
     keywords: tuple = None
     protocol: str = "auto"
     backward: str = "auto"
@@ -288,6 +300,10 @@ class Declarations:
             why.append(f"Hkv = {case.kv_heads} < H = {case.H} (--gqa no)")
         if self.dv == "no" and case.v_dim != case.D:
             why.append(f"Dv = {case.v_dim} != D = {case.D} (--dv no)")
+        if case.data == "nan_input" and not self.nan_stays_in_row:
+            # outside the protocol, which admits finite inputs: a kernel whose per-tensor or per-block scale of q
+            # spreads a NaN over other rows is right by it (a false alarm when this case was judged by default)
+            why.append("a NaN in q, outside the protocol's finite inputs (--nan-stays-in-row: it stays in its row)")
         # the lengths of every sequence of a packed case (cases/protocols.py), or the case's own
         before = len(why)
         for at, (nq, nk) in ([(f" (sequence {i})", p) for i, p in enumerate(case.seqlens)] if case.seqlens

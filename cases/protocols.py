@@ -7,7 +7,8 @@
     paged   attention_paged(q, k_cache, v_cache, block_table, cache_seqlens, *, ...)
             q (B, H, Nq, D), caches (num_pages, page_size, Hkv, D|Dv), block_table int32 (B, max_pages),
             cache_seqlens int32 (B,): key j of sequence b is slot j % page_size of page block_table[b, j // page_size];
-            out (B, H, Nq, Dv), lse (B, H, Nq)
+            out (B, H, Nq, Dv), lse (B, H, Nq); or q and out (B, Nq, H, .), FlashAttention's kvcache layout
+            (--paged-q bnhd, or probed: cases/verify/judging.py probe_paged_layout)
 
 A protocol is found in the signature (cu_seqlens_q: varlen; block_table: paged) or declared (--protocol).
 
@@ -32,6 +33,7 @@ import random
 import torch
 
 from flashcheck.cases import inputs as inp
+from flashcheck.cases.declarations import PAGED_Q
 from flashcheck.cases.oracle.kinds import Kind
 from flashcheck.cases.oracle.layers import check_returned_out
 from flashcheck.cases.oracle.verdict import Capabilities, Failure, RunFailed
@@ -169,8 +171,10 @@ class Packed:
     """Sequence b of `case`, called as a dense kernel: its q (1, H, Nq, D), k, v come from the oracle; the other
     sequences are the case's own (or, leak=True, large values); the kernel gets them all in its protocol's layout."""
 
-    def __init__(self, kernel, protocol, case, b, leak=False):
+    def __init__(self, kernel, protocol, case, b, leak=False, layout="bhnd"):
+        """layout: a paged kernel's q and output, bhnd (B, H, Nq, D) or bnhd (B, Nq, H, D) (--paged-q)."""
         self.kernel, self.protocol, self.case, self.b, self.leak = kernel, protocol, case, b, leak
+        self.layout = layout
         self._params = _parameters(kernel)
         self.__signature__ = dense_signature(self._params)
         self._others = {}
@@ -286,12 +290,16 @@ class Packed:
             for j in range(need[b], width):
                 table[b, j] = spare[(b + j) % len(spare)]
         nan = float("nan")
-        gq = self._buffer("q", (B, H, nq, D), dt, device, nan)
+        # q and out as (B, H, Nq, .), or (B, Nq, H, .) under --paged-q bnhd (FlashAttention's kvcache layout); the
+        # lse is (B, H, Nq) either way
+        bnhd = self.layout == "bnhd"
+        q_shape, out_shape = ((B, nq, H, D), (B, nq, H, Dv)) if bnhd else ((B, H, nq, D), (B, H, nq, Dv))
+        gq = self._buffer("q", q_shape, dt, device, nan)
         gk = self._buffer("k", (pool, ps, Hkv, D), dt, device, nan)
         gv = self._buffer("v", (pool, ps, Hkv, Dv), dt, device, nan)
         for b, (qi, ki, vi) in enumerate(seqs):
             if nq:                                         # (no empty copies: see _varlen)
-                gq.t[b] = qi[0]
+                gq.t[b] = qi[0].transpose(0, 1) if bnhd else qi[0]
             if not lk[b]:
                 continue
             j = torch.arange(lk[b])                        # key j: slot j % ps of page table[b, j // ps]
@@ -300,7 +308,7 @@ class Packed:
             gv.t[pages, slots] = vi[0].transpose(0, 1)
         gout = None
         if out is not None:
-            gout = self._buffer("out", (B, H, nq, Dv), dt, device, inp.SENTINEL)
+            gout = self._buffer("out", out_shape, dt, device, inp.SENTINEL)
             inp.int_view(gout.t).fill_(inp.poison_bits(dt))
             kw["out"] = gout.t
         else:
@@ -309,8 +317,10 @@ class Packed:
             inp.prepoison_lse(B * H * nq, device)
         seqlens = torch.tensor(lk, dtype=torch.int32, device=device)
         result, lse = self._call((gq.t, gk.t, gv.t, table.to(device), seqlens), kw, (gq, gk, gv), gout,
-                                 (B, H, nq, Dv), (B, H, nq), dt, device)
+                                 out_shape, (B, H, nq), dt, device)
         got = self._own(result, slice(self.b, self.b + 1))
+        if bnhd:
+            got = got.transpose(1, 2)
         got_lse = None if lse is None else lse[self.b:self.b + 1]
         return self._back(got, got_lse, out)
 

@@ -238,6 +238,8 @@ class _State:
         # the probed features and the protocol, as verify finds them
         self.info, selected = engine.prepare(req, self.runner, self.info, self.decl, self.backend, selected,
                                              req.examples or 0)
+        self.decl = engine.with_probed(self.decl, self.info)
+        self.declared = engine.declared_flags(self.decl)      # what the capabilities line shows as declared
         self.settings = Settings(target=req.target, decl=self.decl, properties=req.properties, repeat=req.repeat,
                                  backward=judges_backward(self.info))
         return engine.plan(selected, instance_names, excluded, self.decl, self.info, self.backend, req.max_memory)
@@ -334,7 +336,7 @@ class GeneratedItem(pytest.Item):
 
         state = self.state
         req = state.request
-        run = report.Run(req.target, state.info["describe"], state.info["caps"], declared=state.decl.flags())
+        run = report.Run(req.target, state.info["describe"], state.info["caps"], declared=state.declared)
         progress = report.Progress(self.examples, enabled=False)
         try:
             generated.run(self.examples, req.seed, state.decl, state.info, state.backend, state.judge, run,

@@ -1077,5 +1077,8 @@ def attention_paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=F
 
 # What flashcheck verify should know about this kernel (docs/design.md: declarations): its scores stay in fp32,
 # so half-precision cases are judged without the allowance for scores rounded to the input dtype.
-attention.flashcheck_declarations = attention_tf32x3.flashcheck_declarations = {"fp32_scores": True}
-attention_varlen.flashcheck_declarations = attention_paged.flashcheck_declarations = {"fp32_scores": True}
+# each row is computed on its own, so a NaN in one query row stays in it (the case that tests it is judged only
+# with the declaration: the protocol admits finite inputs)
+_OWN = {"fp32_scores": True, "nan_stays_in_row": True}
+attention.flashcheck_declarations = attention_tf32x3.flashcheck_declarations = dict(_OWN)
+attention_varlen.flashcheck_declarations = attention_paged.flashcheck_declarations = dict(_OWN)

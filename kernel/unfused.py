@@ -199,4 +199,4 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, a
 
 # What flashcheck verify should know about this kernel (docs/design.md: declarations): its scores stay in fp32,
 # so half-precision cases are judged without the allowance for scores rounded to the input dtype.
-attention.flashcheck_declarations = {"fp32_scores": True}
+attention.flashcheck_declarations = {"fp32_scores": True, "nan_stays_in_row": True}

@@ -221,3 +221,24 @@ def window_offset_from_the_longest_cache(q, k_cache, v_cache, block_table, cache
     sequence: right for the longest only."""
     return _paged_features(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, window,
                            lambda page: False, lambda b, nq, nk, lens: max(lens) - nq)
+
+
+def paged_q_bnhd(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=False, scale=None, out=None,
+                 return_lse=False):
+    """The correct paged kernel with FlashAttention's flash_attn_with_kvcache layout for q and out, (B, Nq, H, D);
+    the lse stays (B, H, Nq). Right under --paged-q bnhd (or its probe), wrong under the default (B, H, Nq, D)."""
+    res = attention_paged(q.transpose(1, 2), k_cache, v_cache, block_table, cache_seqlens, causal=causal,
+                          scale=scale, return_lse=return_lse)
+    o, lse = res if return_lse else (res, None)
+    o = o.transpose(1, 2)
+    if out is not None:
+        out.copy_(o)
+        o = out
+    return (o, lse) if return_lse else o
+
+
+
+def paged_q_bnhd_drops_last_key(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=False, scale=None):
+    """paged_q_bnhd with a bug: each sequence's last key is left out."""
+    return paged_q_bnhd(q, k_cache, v_cache, block_table, (cache_seqlens - 1).clamp_min(0), causal=causal,
+                        scale=scale)

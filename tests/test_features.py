@@ -143,3 +143,21 @@ def test_a_repro_line_carries_the_declarations_the_case_was_judged_under():
     repro = failed.verdict.repro()
     assert "--empty-lse +inf" in repro and "--head-map interleaved" in repro, repro
     assert repro.startswith("flashcheck verify ") and " --case " in repro, repro
+
+
+def test_a_nan_in_q_is_judged_only_where_the_kernel_declares_it_stays_in_its_row():
+    """The protocol admits finite inputs: a kernel that scales q per tensor is right by it, though one NaN in q
+    makes every row NaN. nan_input_stays_in_its_row failed it (a false alarm found by a kernel written from the
+    protocol's text alone); now the case is judged only under --nan-stays-in-row, which the project's kernels
+    declare, and skipped as not declared otherwise."""
+    from flashcheck.kernel import fused
+
+    plain = _verify(fk.q_scaled_per_tensor, "nan_input_stays_in_its_row,partial_last_key_block")
+    assert plain.exit_code == 0 and sorted(r.status for r in plain.results) == ["pass", "skip"], str(plain)
+    (skipped,) = [r for r in plain.results if r.status == "skip"]
+    assert skipped.case.name.startswith("nan_input_stays_in_its_row") and "--nan-stays-in-row" in skipped.reason, \
+        str(plain)
+    declared = _verify(fk.q_scaled_per_tensor, "nan_input_stays_in_its_row", nan_stays_in_row=True)
+    assert declared.exit_code == 1 and len(declared.failures) == 1, str(declared)
+    own = _verify(fused.attention, "nan_input_stays_in_its_row")     # declared by the kernel itself
+    assert own.exit_code == 0 and [r.status for r in own.results] == ["pass"], str(own)

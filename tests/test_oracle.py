@@ -234,3 +234,14 @@ def test_every_failure_kind_has_its_own_kill_matrix_code():
     codes = [k.code for k in oracle.Kind]
     assert len(set(codes)) == len(codes) and all(len(c) == 1 for c in codes)
     assert all(k.meaning for k in oracle.Kind)
+
+
+def test_a_failure_without_an_expected_value_says_what_it_got_only():
+    """A relation's base run that gives NaN from finite inputs has no expected value at hand: its line said "got nan,
+    expected nan" (a placeholder), which read as if the reference were NaN too."""
+    from flashcheck.cases.oracle.verdict import Failure
+    from flashcheck.cases.report import _element
+
+    fail = Failure("NaN", "1 non-finite output element(s) from finite inputs", where=(0, 0, 0, 0), got=float("nan"))
+    assert "got nan" in fail.line() and "expected" not in fail.line(), fail.line()
+    assert _element(fail) == "b=0 h=0 row=0 col=0: got nan", _element(fail)

@@ -143,3 +143,21 @@ def test_the_fused_kernels_paged_entry_passes_the_paged_entries():
     report = _verify(fused.attention_paged, entries, properties=False)
     assert report.exit_code == 0, str(report)
     assert {n.partition("[")[0] for n, s in _statuses(report).items() if s == "pass"} == set(entries.split(","))
+
+
+def test_a_paged_kernel_in_flashattentions_layout_is_found_by_its_probe_or_declared():
+    """q and out as (B, Nq, H, D), FlashAttention's kvcache layout, which the protocol's text leaves open for a paged
+    kernel: a kernel written so failed nearly every case on the lse's shape (a false alarm, found by a kernel written
+    from the text alone). One small case judged both ways finds the layout; --paged-q declares it; the repro line
+    carries it."""
+    only = "paged_page_size_1,paged_odd_page_size,gqa_groups_of_three,causal_nq_gt_nk"
+    found = _verify(pk.paged_q_bnhd, only)
+    text = str(found)
+    assert found.exit_code == 0 and [r.status for r in found.results] == ["pass"] * 4, text
+    assert "q and out (B, Nq, H, D), probed" in text and "--paged-q" not in text.split("declared:")[-1], text
+    assert _verify(pk.paged_q_bnhd, only, paged_q="bnhd").exit_code == 0
+    wrong = _verify(pk.paged_q_bnhd, only, paged_q="bhnd")          # declared, so not probed: judged as declared
+    assert wrong.exit_code == 1 and wrong.failures, str(wrong)
+    assert _verify(pk.attention_paged, only).exit_code == 0          # the protocol's layout, probed as it
+    bad = _verify(pk.paged_q_bnhd_drops_last_key, "paged_odd_page_size")
+    assert bad.exit_code == 1 and "--paged-q bnhd" in bad.failures[0].verdict.repro(), str(bad)

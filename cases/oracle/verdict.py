@@ -29,6 +29,7 @@ class Capabilities:
     notes: dict = None                  # feature -> how its support (or its lack) was found out, when probed
     protocol: str = "dense"             # dense, varlen or paged (cases/protocols.py): the signature's or declared
     var_kw: bool = False                # the signature has **kwargs (its keywords are declared: --keywords)
+    paged_q: str = "bhnd"               # a paged kernel's q and output layout: declared (--paged-q) or probed
 
     @classmethod
     def of(cls, kernel):
@@ -103,7 +104,9 @@ class Failure:
             b, h, i, d = self.where
             # an lse has one value per row: its element is the row (the col of its where is always 0)
             s += f" at (b={b}, h={h}, row={i})" if self.kind == Kind.LSE else f" at (b={b}, h={h}, row={i}, col={d})"
-        if self.got is not None:
+        if self.got is not None and self.expected is None:
+            s += f": got {self.got:.7g}"           # no expected value at hand (a relation's base run, say)
+        elif self.got is not None:
             s += f": got {self.got:.7g}, expected {self.expected:.7g}"
             if self.tol is not None:
                 s += f" (|err| {abs(self.got - self.expected):.3g} > tol {self.tol:.3g})"

@@ -89,7 +89,7 @@ def _element(failure):
     b, h, i, d = failure.where
     s = f"b={b} h={h} row={i}" + ("" if str(failure.kind) == "lse" else f" col={d}")
     if failure.got is not None:
-        s += f": got {failure.got:.6g}, expected {failure.expected:.6g}"
+        s += f": got {failure.got:.6g}" + ("" if failure.expected is None else f", expected {failure.expected:.6g}")
     return s
 
 
@@ -196,7 +196,11 @@ def capabilities_line(run):
     c = run.caps
     yes = {True: "yes", False: "no"}
     protocol = getattr(c, "protocol", "dense")
-    line = ("capabilities: " + (f"protocol {protocol} (each sequence judged as a dense case; leak check), "
+    layout = ""
+    if protocol == "paged" and getattr(c, "paged_q", "bhnd") == "bnhd":
+        how = (c.notes or {}).get("paged_q")
+        layout = "; q and out (B, Nq, H, D)" + (f", {how}" if how else "")
+    line = ("capabilities: " + (f"protocol {protocol} (each sequence judged as a dense case; leak check{layout}), "
                                 if protocol != "dense" else "")
             + f"out= {yes[c.out]}, return_lse= {yes[c.lse]}"
             + ("" if c.lse else " (log-sum-exp not checked)")

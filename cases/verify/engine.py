@@ -340,11 +340,18 @@ def support(runner, info, decl, backend, needed):
         caps = caps.with_keywords(decl.keywords)
     conventions = Conventions.of(decl)
     shape = probe_shape(decl)
-    asks = [(name, getattr(decl, name), (PROBE, name, _DTYPE, conventions, caps.protocol, shape))
+    runners = runner if isinstance(runner, list) else [runner]
+    if caps.protocol == protocols.PAGED:
+        # q's layout first: the feature probes go through the adapter in it
+        caps = replace(caps, paged_q=decl.paged_q, notes={})
+        if "paged_q" not in decl.given:
+            layout, why = _paged_layout(runners[0], info, decl, backend, conventions, shape)
+            caps = replace(caps, paged_q=layout, notes={"paged_q": why})
+    layout = caps.paged_q
+    asks = [(name, getattr(decl, name), (PROBE, name, _DTYPE, conventions, caps.protocol, shape, layout))
             for name in features.PROBED if getattr(decl, name) != "auto" or name in needed]
     # the backward (cases/oracle/backward.py): judged when declared, or when one small call's output carries autograd
-    asks.append(("backward", decl.backward, (BACKWARD_PROBE, _DTYPE, conventions, caps.protocol, shape)))
-    runners = runner if isinstance(runner, list) else [runner]
+    asks.append(("backward", decl.backward, (BACKWARD_PROBE, _DTYPE, conventions, caps.protocol, shape, layout)))
 
     n = min(len(asks), len(runners))
 
@@ -356,7 +363,7 @@ def support(runner, info, decl, backend, needed):
     else:
         parts = [serve(0)]
     found = [parts[i % n][i // n] for i in range(len(asks))]
-    have, notes = set(caps.features), {}
+    have, notes = set(caps.features), dict(caps.notes or {})
     for (name, _, _), (has, note) in zip(asks, found):
         if has:
             have.add(name)
@@ -379,6 +386,21 @@ BACKWARD_PROBE = "flashcheck.cases.verify.judging:probe_backward"
 _DTYPE = object()       # in a probe's arguments: the dtype it is judged in (features.probe_dtype)
 
 
+def _paged_layout(runner, info, decl, backend, conventions, shape):
+    """(layout, why) of a paged kernel that does not declare --paged-q: judging.probe_paged_layout in the runner;
+    the protocol's (B, H, Nq, D) when it cannot tell (no dtype to judge, or the probe died)."""
+    dtype = features.probe_dtype(decl, backend, info.get("triton"))
+    if dtype is None:
+        return "bhnd", "not probed: no dtype this backend can judge for the kernel"
+    try:
+        return tuple(runner.call(PAGED_LAYOUT_PROBE, dtype, conventions, shape))
+    except (Hung, Died, Raised) as exc:
+        return "bhnd", f"not probed: the probe {type(exc).__name__.lower()}: {str(exc).splitlines()[0][:160]}"
+
+
+PAGED_LAYOUT_PROBE = "flashcheck.cases.verify.judging:probe_paged_layout"
+
+
 def _declared_or_probed(name, said, probe, runner, info, decl, backend):
     """(has it, how that was found out) for one capability the signature cannot show: `said` (--NAME yes|no) or,
     for auto, runner.call(*probe) in a dtype the backend can judge for the kernel (in place of _DTYPE), which answers
@@ -395,6 +417,20 @@ def _declared_or_probed(name, said, probe, runner, info, decl, backend):
         how = {Hung: "hung", Died: "the worker died"}.get(type(exc), "raised")
         ok, why = False, f"probed, {how}: {str(exc).splitlines()[0][:200]}; --{name} yes judges it anyway"
     return ok, why or "probed"
+
+
+def with_probed(decl, info):
+    """The declarations a paged kernel is judged under: its probed q layout where it declared none (the repro lines
+    then carry it as --paged-q)."""
+    caps = info["caps"]
+    if caps.protocol == protocols.PAGED and caps.paged_q != decl.paged_q:
+        return replace(decl, paged_q=caps.paged_q)
+    return decl
+
+
+def declared_flags(decl):
+    """decl.flags() less a probed --paged-q (the capabilities line says it was probed; repro lines carry it)."""
+    return [f for f in decl.flags() if "paged_q" in decl.given or not f.startswith("--paged-q")]
 
 
 def prepare(req, runner, info, decl, backend, selected, examples):
@@ -702,11 +738,12 @@ def run(req, on_result=None):
         info = _open(runners, spec)
         decl = _declarations(info, req.declarations)
         info, selected = prepare(req, runners, info, decl, backend, selected, examples)
+        decl = with_probed(decl, info)
         _check_head_dims(decl)
         name = _name(req.target)
         settings = Settings(target=name, decl=decl, properties=req.properties, repeat=req.repeat,
                             maps=bool(req.html), plain=req.sanitize, backward=judges_backward(info))
-        the_run = report.Run(name, info["describe"], info["caps"], declared=decl.flags(), shard=the_shard)
+        the_run = report.Run(name, info["describe"], info["caps"], declared=declared_flags(decl), shard=the_shard)
         planned = plan(selected, instance_names, excluded, decl, info, backend, req.max_memory)
         every = len(planned)            # the generated cases' places in the plan come after every planned one
         entries_total = {c.name.partition("[")[0] for c, origin, _, _ in planned if origin == "catalogue"}

@@ -180,14 +180,14 @@ def _backward(kernel, case, caps, conventions, verdict, kept, settings):
         verdict.fail(fail)
 
 
-def probe_backward(kernel, dtype, conventions, protocol=protocols.DENSE, shape=None):
+def probe_backward(kernel, dtype, conventions, protocol=protocols.DENSE, shape=None, layout="bhnd"):
     """(has a backward, why): one small call with q, k and v that require grad (a packed kernel's through its
     adapter); its output must carry an autograd graph. A kernel that raises on such inputs has none (a Triton
     forward-only kernel returns a plain tensor)."""
     s = shape or features.PROBE_SHAPE          # the head dim and length the kernel declares it takes
     case = Case("probe_backward", H=2, Nq=s["N"], Nk=s["N"], D=s["D"], dtype=dtype, seed=1)
     if protocol != protocols.DENSE:
-        kernel = protocols.Packed(kernel, protocol, case, 0)
+        kernel = protocols.Packed(kernel, protocol, case, 0, layout=layout)
     q, k, v = backward.leaves(case, inp.values(case), device())
     try:
         result = kernel(q, k, v, **oracle.protocol_kwargs(case, oracle.Capabilities.of(kernel), device()))
@@ -256,7 +256,7 @@ def _plain_call(kernel, case, caps):
         pass
 
 
-def probe_feature(kernel, name, dtype, conventions, protocol=protocols.DENSE, shape=None):
+def probe_feature(kernel, name, dtype, conventions, protocol=protocols.DENSE, shape=None, layout="bhnd"):
     """(supported, why) for the shape-carried feature `name` (cases/features.py PROBED) on this kernel, from one
     small case judged by the oracle (the engine asks it through the runner): a kernel that raises, declines or reads
     outside k and v lacks the feature (why says how); one that answers has it, and a wrong answer then fails the
@@ -264,7 +264,7 @@ def probe_feature(kernel, name, dtype, conventions, protocol=protocols.DENSE, sh
     asserts it (as Triton's tutorial does), while output sized by D is a bug class of its own."""
     case = features.probe_case(name, dtype, shape)
     if protocol != protocols.DENSE:
-        kernel = protocols.Packed(kernel, protocol, case, 0)
+        kernel = protocols.Packed(kernel, protocol, case, 0, layout=layout)
     verdict = oracle.judge(kernel, case, target="probe", conventions=conventions)
     if verdict.status in ("pass", "inconclusive"):
         return True, "probed"
@@ -278,6 +278,31 @@ def probe_feature(kernel, name, dtype, conventions, protocol=protocols.DENSE, sh
     else:
         kind, detail = str(verdict.status), str(verdict.note or "")
     return False, f"probed, {kind}: {detail[:200]}; --{name} yes judges it anyway"
+
+
+ANSWERED = ("mismatch", "NaN", "lse", "hand value", "unwritten", "out-of-bounds read", "leak")  # values, right shape
+
+
+def probe_paged_layout(kernel, dtype, conventions, shape=None):
+    """(layout, why) for a paged kernel that does not declare --paged-q: one small case judged by the oracle through
+    the adapter with q and out as (B, H, Nq, D), then as (B, Nq, H, D) (FlashAttention's flash_attn_with_kvcache).
+    H does not divide Nq, so read the wrong way round the query heads are no multiple of the kv heads: a kernel then
+    raises or answers in the wrong shape. The first layout that passes is the kernel's; where neither does (a buggy
+    kernel), the one in which it answers with values of the right shape; else the protocol's, (B, H, Nq, D)."""
+    s = shape or features.PROBE_SHAPE
+    H = next(h for h in (3, 2, 5, 7) if s["N"] % h)
+    case = Case("probe_paged_layout", H=H, Nq=s["N"], Nk=s["N"], D=s["D"], dtype=dtype, seed=3)
+    answered = []
+    for layout in protocols.PAGED_Q:
+        verdict = oracle.judge(protocols.Packed(kernel, protocols.PAGED, case, 0, layout=layout), case,
+                               target="probe", conventions=conventions)
+        if verdict.status in ("pass", "inconclusive"):
+            return layout, "probed"
+        if verdict.status == "fail" and str(verdict.kind) in ANSWERED:
+            answered.append(layout)
+    if len(answered) == 1:
+        return answered[0], "probed: it answers (wrongly) only so"
+    return protocols.PAGED_Q[0], "probed: right in neither layout, judged as (B, H, Nq, D)"
 
 
 MEMORY_CASE = "memory_complexity"
@@ -305,7 +330,8 @@ def memory_probe(kernel, case, settings):
     peaks = []
     for c in (half, case):
         # a varlen or paged kernel through its adapter, whose packed copies grow like the sequence, not its square
-        fn = kernel if protocol == protocols.DENSE else protocols.Packed(kernel, protocol, c, 0)
+        fn = kernel if protocol == protocols.DENSE else protocols.Packed(kernel, protocol, c, 0,
+                                                                          layout=settings.decl.paged_q)
         caps = oracle.Capabilities.of(fn)
         try:
             call = oracle.call_kernel(fn, c, caps, inp.values(c, device()), device(), measure=True)

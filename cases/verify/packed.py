@@ -39,7 +39,8 @@ def judge(kernel, protocol, case, settings, judge_dense):
             inconclusive.append(f"{where}: sees no key (its rows are 0)")
             continue
         kept = {}
-        v = judge_dense(protocols.Packed(kernel, protocol, case, b), sub, settings, kept)
+        v = judge_dense(protocols.Packed(kernel, protocol, case, b, layout=settings.decl.paged_q), sub, settings,
+                          kept)
         for r in v.reduced:
             if r not in verdict.reduced:
                 verdict.reduced.append(r)
@@ -60,7 +61,7 @@ def judge(kernel, protocol, case, settings, judge_dense):
         else:
             conclusive += 1
         if len(seqs) > 1 and lq and kept.get("expect") is not None:
-            fail = _leak(kernel, protocol, case, b, sub, kept)
+            fail = _leak(kernel, protocol, case, b, sub, kept, settings.decl.paged_q)
             if fail is not None:
                 verdict.fail(_named(fail, b, where))
                 break
@@ -81,10 +82,10 @@ def _named(f, b, where):
     return f
 
 
-def _leak(kernel, protocol, case, b, sub, kept):
+def _leak(kernel, protocol, case, b, sub, kept, layout="bhnd"):
     """The leak check: sequence b again, every other sequence's keys and values changed to large values; its output
     must still match its reference. Returns a Failure or None."""
-    leaky = protocols.Packed(kernel, protocol, case, b, leak=True)
+    leaky = protocols.Packed(kernel, protocol, case, b, leak=True, layout=layout)
     caps = oracle.Capabilities.of(leaky)
     try:
         call = oracle.call_kernel(leaky, sub, caps, kept["qkv"], device())
@@ -108,7 +109,7 @@ def _no_keys(kernel, protocol, case, b, settings):
     an exception, a bad return or a written input fails as anywhere), each of its rows must be exactly 0 and its lse
     -inf (or the declared +inf). Returns a Failure or None; raises oracle.Outcome for a decline."""
     qkv = protocols.seq_values(case, b, device())
-    adapter = protocols.Packed(kernel, protocol, case, b)
+    adapter = protocols.Packed(kernel, protocol, case, b, layout=settings.decl.paged_q)
     try:
         call = oracle.call_kernel(adapter, protocols.sub_case(case, b), oracle.Capabilities.of(adapter), qkv,
                                   device())
