@@ -106,19 +106,12 @@ def softcap_dropped_beside_alibi(q, k, v, *, causal=False, scale=None, window=No
 
 
 def q_scaled_per_tensor(q, k, v, *, causal=False, scale=None):
-    """Right for every finite input: q divided by a power of two taken from its absolute maximum over the whole
-    tensor (as per-tensor scaling before a low-precision product does), in fp32 so exactly, and that power
-    multiplied back into the scale of the scores. A NaN anywhere in q makes the maximum NaN, so every row NaN:
+    """Right for every finite input: matmul_softmax on q divided by a power of two taken from its absolute maximum
+    over the whole tensor (as per-tensor scaling before a low-precision product does), in fp32 so exactly, with
+    that power multiplied back into the scale. A NaN anywhere in q makes the maximum NaN, so every row wrong:
     outside the protocol's finite inputs, which is what the declaration nan_stays_in_row is about."""
-    Nq, Nk = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     qf = q.float()
     amax = qf.abs().amax() if qf.numel() else qf.new_ones(())
-    p2 = torch.exp2(torch.ceil(torch.log2(amax.clamp_min(2.0 ** -100))))
-    s = torch.matmul(qf / p2, k.float().transpose(-1, -2)) * (scale * p2)
-    if causal:
-        sees = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).tril(Nk - Nq)
-        s = s.masked_fill(~sees, float("-inf"))
-    p = torch.softmax(s, dim=-1).masked_fill(torch.isneginf(s).all(-1, keepdim=True), 0.0)   # rows seeing no key: 0
-    out = torch.matmul(p, v.float()) if Nk else q.new_zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float32)
-    return out.to(q.dtype)
+    p2 = float(torch.exp2(torch.ceil(torch.log2(amax.clamp_min(2.0 ** -100)))))
+    return matmul_softmax(qf / p2, k, v, causal=causal, scale=scale * p2).to(q.dtype)

@@ -341,12 +341,12 @@ def support(runner, info, decl, backend, needed):
     conventions = Conventions.of(decl)
     shape = probe_shape(decl)
     runners = runner if isinstance(runner, list) else [runner]
-    if caps.protocol == protocols.PAGED:
+    if caps.protocol == protocols.PAGED and "paged_q" not in decl.given:
         # q's layout first: the feature probes go through the adapter in it
-        caps = replace(caps, paged_q=decl.paged_q, notes={})
-        if "paged_q" not in decl.given:
-            layout, why = _paged_layout(runners[0], info, decl, backend, conventions, shape)
-            caps = replace(caps, paged_q=layout, notes={"paged_q": why})
+        layout, why = _paged_layout(runners[0], info, decl, backend, conventions, shape)
+        caps = replace(caps, paged_q=layout, notes={"paged_q": why})
+    else:
+        caps = replace(caps, paged_q=decl.paged_q)
     layout = caps.paged_q
     asks = [(name, getattr(decl, name), (PROBE, name, _DTYPE, conventions, caps.protocol, shape, layout))
             for name in features.PROBED if getattr(decl, name) != "auto" or name in needed]
@@ -388,14 +388,9 @@ _DTYPE = object()       # in a probe's arguments: the dtype it is judged in (fea
 
 def _paged_layout(runner, info, decl, backend, conventions, shape):
     """(layout, why) of a paged kernel that does not declare --paged-q: judging.probe_paged_layout in the runner;
-    the protocol's (B, H, Nq, D) when it cannot tell (no dtype to judge, or the probe died)."""
-    dtype = features.probe_dtype(decl, backend, info.get("triton"))
-    if dtype is None:
-        return "bhnd", "not probed: no dtype this backend can judge for the kernel"
-    try:
-        return tuple(runner.call(PAGED_LAYOUT_PROBE, dtype, conventions, shape))
-    except (Hung, Died, Raised) as exc:
-        return "bhnd", f"not probed: the probe {type(exc).__name__.lower()}: {str(exc).splitlines()[0][:160]}"
+    the protocol's (B, H, Nq, D) when it cannot tell (no dtype to judge, or the probe hung, died or raised)."""
+    answer, why = _probe_answer((PAGED_LAYOUT_PROBE, _DTYPE, conventions, shape), runner, info, decl, backend)
+    return ("bhnd", why) if answer is None else tuple(answer)
 
 
 PAGED_LAYOUT_PROBE = "flashcheck.cases.verify.judging:probe_paged_layout"
@@ -407,16 +402,26 @@ def _declared_or_probed(name, said, probe, runner, info, decl, backend):
     (has it, why)."""
     if said != "auto":
         return said == "yes", f"--{name} {said}"
+    answer, why = _probe_answer(probe, runner, info, decl, backend)
+    if answer is None:
+        return False, why + (f"; declare --{name} yes" if why.startswith("not probed")
+                             else f"; --{name} yes judges it anyway")
+    ok, why = answer
+    return ok, why or "probed"
+
+
+def _probe_answer(probe, runner, info, decl, backend):
+    """(runner.call(*probe)'s answer, "") with a dtype the backend can judge for the kernel in place of _DTYPE; or
+    (None, why not): no such dtype ("not probed: ..."), or the probe hung, its worker died, or it raised
+    ("probed, ...")."""
     dtype = features.probe_dtype(decl, backend, info.get("triton"))
     if dtype is None:
-        return False, f"not probed: no dtype this backend can judge for the kernel; declare --{name} yes"
-    probe = tuple(dtype if x is _DTYPE else x for x in probe)
+        return None, "not probed: no dtype this backend can judge for the kernel"
     try:
-        ok, why = runner.call(*probe)
+        return runner.call(*(dtype if x is _DTYPE else x for x in probe)), ""
     except (Hung, Died, Raised) as exc:
         how = {Hung: "hung", Died: "the worker died"}.get(type(exc), "raised")
-        ok, why = False, f"probed, {how}: {str(exc).splitlines()[0][:200]}; --{name} yes judges it anyway"
-    return ok, why or "probed"
+        return None, f"probed, {how}: {str(exc).splitlines()[0][:200]}"
 
 
 def with_probed(decl, info):

@@ -82,7 +82,7 @@ def _named(f, b, where):
     return f
 
 
-def _leak(kernel, protocol, case, b, sub, kept, layout="bhnd"):
+def _leak(kernel, protocol, case, b, sub, kept, layout):
     """The leak check: sequence b again, every other sequence's keys and values changed to large values; its output
     must still match its reference. Returns a Failure or None."""
     leaky = protocols.Packed(kernel, protocol, case, b, leak=True, layout=layout)
