@@ -1,5 +1,7 @@
 """Input checks shared by the project's kernels: bad input gets a named ValueError/TypeError here, never a
-crash inside Triton or a silently wrong answer."""
+crash inside Triton or a silently wrong answer. And jit_unspecialised, the kernels' way of keeping arguments out of
+Triton's specialisation."""
+import inspect
 import math
 import numbers
 import os
@@ -14,6 +16,17 @@ MAX_HEAD_DIM = 256
 def interpreter_active():
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def jit_unspecialised(fn, names):
+    """triton.jit(fn), with the arguments in names plain runtime values to the compiler: Triton otherwise
+    specialises an integer argument on its value being 1 (then a constant) and on its divisibility by 16, and a
+    pointer on its 16-byte alignment, and compiles every combination it meets anew."""
+    import triton
+    options = {"do_not_specialize": list(names)}
+    if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
+        options["do_not_specialize_on_alignment"] = list(names)
+    return triton.jit(**options)(fn)
 
 
 def check_attention_inputs(q, k, v, causal, scale, out, block_m, block_n):

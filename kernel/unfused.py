@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashcheck.kernel._protocol import check_attention_inputs, check_features, interpreter_active
+from flashcheck.kernel._protocol import check_attention_inputs, check_features, interpreter_active, jit_unspecialised
 
 MAX_ROW = 16384  # the softmax keeps a whole row of scores in one register tile
 MAX_GRID_AXIS = 65535   # CUDA's cap on grid axes 1 and 2, where the scores and P.V grids put B*H
@@ -37,11 +37,8 @@ def _unspecialised(fn):
     GQA group and the features are runtime values here, not constexprs (at f5e349d the suite still compiled 379 of
     this module's kernels, nearly all for those): only the dtypes, the tiles and the padded head-dim block
     specialise. The speed of the baseline matters little."""
-    names = [p.name for p in inspect.signature(fn).parameters.values() if p.annotation is inspect.Parameter.empty]
-    options = {"do_not_specialize": names}
-    if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
-        options["do_not_specialize_on_alignment"] = names
-    return triton.jit(**options)(fn)
+    return jit_unspecialised(fn, [p.name for p in inspect.signature(fn).parameters.values()
+                                  if p.annotation is inspect.Parameter.empty])
 
 
 @_unspecialised
