@@ -368,8 +368,8 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
               PAGED: tl.constexpr):
     """One (query block, batch x head) program; with SPLIT, one (query block, batch x head, key split)
     program that folds only keys [split * keys_per_split, (split + 1) * keys_per_split) and writes its partial
-    state (Out: fp32 (B*H, splits, Nq, HEAD_DIM_V) output normalised by its own l; Lse: fp32 (B*H, splits, Nq)
-    log2-domain log-sum-exp) for _attn_combine.
+    state (Out: fp32 (B*H, splits, Nq, HEAD_DIM_V) output normalised by its own l; Lse: fp32 (B*H, splits, 2, Nq),
+    its log2-domain running max m and its l) for _attn_combine.
     With D_SPLIT, BLOCK_D is half the padded head dim and the program works on the two halves of columns
     separately (q and q1, acc and acc1): see default_blocks for why fp32 at D = 128 does.
 
@@ -568,14 +568,20 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     if SPLIT:
         # The partial state of this split: its output normalised by its own l (l = 0 when no row key fell in
         # it: divide by 1, not 0, or 0/0 = NaN reaches the combine, where a zero weight times NaN is still
-        # NaN), and its log2-domain log-sum-exp, -inf for such rows.
+        # NaN), and its running max m (-inf for such rows) and l, apart: (B*H, splits, 2, Nq).
         # guards: mutant split_partial_no_l_guard; case split_kv_decode_causal
+        # Not their log-sum-exp m + log2(l) (flash-decoding's partial state): in fp32 that sum drops log2(l) once
+        # |m| passes 2^24 or so, and the combine then weighs a split holding three keys tied at the row max as one
+        # holding one (the decode tests' huge tied scores: output 0.70 off at scores of 2.5e8; the case is
+        # tests/test_kernel_features.py::test_split_kv_combine_keeps_each_splits_l).
         split = tl.program_id(2)
         l_part = tl.where(l_i == 0.0, 1.0, l_i)
         row = (off_bh.to(tl.int64) * tl.num_programs(2) + split) * Nq + offs_m
         # the partial rows are Dv wide. guards: mutant dv_split_partial_row_stride; case dv_split_decode
         tl.store(Out + row[:, None] * HEAD_DIM_V + offs_dv[None, :], acc / l_part[:, None], mask=o_mask)
-        tl.store(Lse + row, tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_part)), mask=offs_m < Nq)
+        state = (off_bh.to(tl.int64) * tl.num_programs(2) + split) * 2 * Nq + offs_m
+        tl.store(Lse + state, m_i, mask=offs_m < Nq)
+        tl.store(Lse + state + Nq, l_i, mask=offs_m < Nq)
         return
 
     # Normalise once. A row that sees no key (causal, Nq > Nk, or a window that holds no key) has l = 0 and
@@ -608,8 +614,8 @@ def _attn_combine(Opart, Lpart, Out, Lse,
                   H, Nq, splits,
                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, STORE_LSE: tl.constexpr):
     """Merge the splits' partial states of _attn_fwd(SPLIT=True) into the output, in the same online way as
-    the key loop: a running max of the splits' log-sum-exps, each split's output weighted by
-    exp2(lse_split - max)."""
+    the key loop: a running max of the splits' maxima, each split's output weighted by l_split exp2(m_split - max)
+    (Lpart holds each split's m and l apart: see the SPLIT store in _attn_fwd)."""
     m_blocks = tl.cdiv(Nq, BLOCK_M)         # one grid axis, as in _attn_fwd
     offs_m = (tl.program_id(0) % m_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
     off_bh = tl.program_id(0) // m_blocks
@@ -625,16 +631,18 @@ def _attn_combine(Opart, Lpart, Out, Lse,
     for i in range(0, splits):
         split = splits - 1 - i
         row = (off_bh.to(tl.int64) * splits + split) * Nq + offs_m
-        lse = tl.load(Lpart + row, mask=rows, other=float("-inf"))
+        state = (off_bh.to(tl.int64) * splits + split) * 2 * Nq + offs_m
+        m_s = tl.load(Lpart + state, mask=rows, other=float("-inf"))
+        l_s = tl.load(Lpart + state + Nq, mask=rows, other=0.0)
         part = tl.load(Opart + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0)
-        m_new = tl.maximum(m_c, lse)
-        # A split whose keys a row never sees has lse -inf: its weight must be exactly 0, and while every
+        m_new = tl.maximum(m_c, m_s)
+        # A split whose keys a row never sees has m = -inf, l = 0: its weight must be exactly 0, and while every
         # split so far was such, the shift is 0, not -inf (-inf - -inf is NaN). In split_kv_decode_causal the
         # last split, combined first, holds one key that 15 of the 16 rows do not see.
         # guards: mutant split_combine_no_inf_guard; case split_kv_decode_causal
         m_shift_c = tl.where(m_new == float("-inf"), 0.0, m_new)
         c = tl.math.exp2(m_c - m_shift_c)
-        w = tl.math.exp2(lse - m_shift_c)
+        w = tl.math.exp2(m_s - m_shift_c) * l_s
         l_c = l_c * c + w
         acc_c = acc_c * c[:, None] + w[:, None] * part
         m_c = m_new
@@ -923,7 +931,7 @@ def _forward(q, k, v, out, lse, B, Nq, Nk, scale, causal, features, return_lse, 
         if splits > 1:
             # the partial states of the splits (every one written by its program, see _attn_fwd)
             o_dst = torch.empty((B * H, splits, Nq, Dv), dtype=torch.float32, device=q.device)
-            l_dst = torch.empty((B * H, splits, Nq), dtype=torch.float32, device=q.device)
+            l_dst = torch.empty((B * H, splits, 2, Nq), dtype=torch.float32, device=q.device)   # m and l
         else:
             o_dst, l_dst = out, lse
         grid = (triton.cdiv(Nq, bm) * B * H, 1, splits)

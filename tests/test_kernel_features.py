@@ -223,6 +223,33 @@ def test_split_kv_decode_is_the_path_taken(name, device):
     assert splits > 1, (name, splits)
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_split_kv_combine_keeps_each_splits_l(dtype, backend, device):
+    """Split-KV at scores of 6.7e7 (9.7e7 in the kernel's log2 units, where fp32's ulp is 8), the row max tied by
+    three keys of the first split and one of the last: the answer is exactly the mean of their four value rows.
+    A combine through each split's log-sum-exp m + log2(l) (flash-decoding's partial state) loses log2(3) to
+    rounding there and weighs the two splits alike: (mean(v0, v1, v2) + v511) / 2 (0.70 off here before the
+    kernel kept m and l apart). Every score is exact (one nonzero column of q, powers of two), so the tie is too."""
+    if dtype == "bf16" and backend != "gpu":
+        pytest.skip("GPU only: the interpreter reads bfloat16 wrongly")
+    B, H, Nq, Nk, D = 1, 1, 1, 512, 16
+    dt = DTYPES[dtype]
+    assert fused.split_plan(B, H, Nq, Nk, 16, 64, device)[0] > 1    # the split path (default tiles keep it)
+    big, tied = 2.0 ** 14, (0, 1, 2, Nk - 1)
+    q = torch.zeros(B, H, Nq, D)
+    q[..., 0] = big
+    k = torch.zeros(B, H, Nk, D)
+    k[..., 0] = -big                  # every other key scores -6.7e7: its weight underflows to exactly 0
+    k[:, :, list(tied), 0] = big
+    v = torch.randn(B, H, Nk, D, generator=torch.Generator().manual_seed(0))
+    q, k, v = (t.to(dt).to(device) for t in (q, k, v))
+    out = fused.attention(q, k, v).double().cpu()
+    want = v.double().cpu()[:, :, list(tied)].mean(2, keepdim=True)
+    unit = {"fp32": 2.0 ** -24, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}[dtype]
+    err = float((out - want).abs().max())
+    assert err <= 4 * unit * float(want.abs().max()) + 1e-30, (dtype, err, out[0, 0, 0, :4], want[0, 0, 0, :4])
+
+
 def test_descriptor_path_with_gqa_and_dv(backend):
     """fp16 K and V in aligned layouts load through tensor descriptors (the interpreter emulates them), each with
     its own head dim; V with 20 columns (40-byte rows) takes the pointer path."""
