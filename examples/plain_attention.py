@@ -1,11 +1,17 @@
-"""Attention written the obvious way in PyTorch, three ways: correct kernels that flashcheck must accept with
-its default settings, in every dtype and layout (tests/test_tolerance.py runs them through hundreds of
-generated cases; a false alarm on any of them is a defect of flashcheck's tolerance):
+"""Attention written the obvious way in PyTorch, four ways. The first three are correct kernels that flashcheck
+must accept with its default settings, in every dtype and layout (tests/test_tolerance.py runs them through
+hundreds of generated cases; a false alarm on any of them is a defect of flashcheck's tolerance):
 
     flashcheck verify examples/plain_attention.py:matmul_softmax    # fp32 matmul, softmax, matmul
     flashcheck verify examples/plain_attention.py:einsum            # the same with einsum and an explicit max
     flashcheck verify examples/plain_attention.py:sdpa_math         # torch's SDPA, math backend, in fp32
-    flashcheck verify examples/plain_attention.py:in_dtype          # no upcast: scores rounded to fp16/bf16
+    flashcheck verify examples/plain_attention.py:in_dtype          # no upcast: exit 1, fp16's range (below)
+
+in_dtype rounds its scores to fp16/bf16, which the tolerance allows everywhere (tests/test_tolerance.py holds it
+to that), but in fp16 its raw scores overflow past 65504 on inputs the protocol admits (any finite values): verify
+rejects it in fp16 on the entries that score past that (huge_scores, huge_scores_negative_scale,
+masked_keys_below_finite_masks) and on generated cases of huge magnitude, where it answers 0 or NaN for rows whose
+answer is a value row. A wrong answer on legal inputs, found, not a false alarm.
 
 Each follows the protocol: q (B, H, Nq, D), k and v (B, H, Nk, D), any strides, scale defaulting to
 1/sqrt(D), causal aligned bottom-right (query i sees key j iff j <= i + Nk - Nq), a row that sees no key

@@ -67,6 +67,21 @@ def correct(q, k, v, *, causal=False, scale=None):
     return _Attention.apply(q, k, v, causal, scale, None)
 
 
+def prescaled_half_scores(q, k, v, *, causal=False, scale=None):
+    """Plain PyTorch as many model files write it, differentiated by autograd: Q scaled in its own dtype, the scores
+    Q K^T in that dtype, the softmax and P.V in fp32 (bottom-right causal). Correct: its forward is within the
+    tolerance (scores rounded to the dtype), and so must its backward be (a false alarm in bf16 on
+    large_scores_whole_blocks before the backward's baseline took this rounding in too)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = torch.matmul(q * scale, k.transpose(-1, -2)).float()
+    nq, nk = q.shape[2], k.shape[2]
+    if causal:
+        seen = torch.arange(nk, device=q.device)[None, :] <= torch.arange(nq, device=q.device)[:, None] + nk - nq
+        s = s.masked_fill(~seen, float("-inf"))
+    p = torch.nan_to_num(torch.softmax(s, -1), nan=0.0)
+    return torch.matmul(p, v.float()).to(q.dtype)
+
+
 def _buggy(bug, doc):
     def attention(q, k, v, *, causal=False, scale=None):
         return _Attention.apply(q, k, v, causal, scale, bug)

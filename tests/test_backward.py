@@ -75,6 +75,16 @@ def test_half_precision_gradients_are_held_to_the_roundings_of_a_correct_kernel(
         assert str(report.failures[0].verdict.failures[0].kind) == "gradient", str(report)
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_a_backward_of_scores_rounded_after_q_was_scaled_passes(dtype):
+    """Q scaled in its dtype, then the scores in that dtype (plain PyTorch: matmul(q * scale, k^T)): dV landed 4.7
+    times the scores-after-the-product baseline's largest error from its definition on large_scores_whole_blocks in
+    bf16, past F = 4, until that recipe became a baseline too (found by a kernel written from the protocol alone)."""
+    report = _verify(bk.prescaled_half_scores, dtypes=dtype,
+                     only="large_scores_whole_blocks,large_scores,partial_last_key_block,causal_nq_gt_nk")
+    assert report.exit_code == 0 and "backward" in report.run.caps.features, str(report)
+
+
 def test_a_forward_only_kernel_is_not_judged_unless_it_declares_a_backward():
     report = _verify(bk.forward_only)
     assert report.exit_code == 0 and "backward" not in report.run.caps.features, str(report)
