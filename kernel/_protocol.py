@@ -8,6 +8,7 @@ import os
 from typing import NamedTuple, Optional
 
 import torch
+import triton
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -22,7 +23,6 @@ def jit_unspecialised(fn, names):
     """triton.jit(fn), with the arguments in names plain runtime values to the compiler: Triton otherwise
     specialises an integer argument on its value being 1 (then a constant) and on its divisibility by 16, and a
     pointer on its 16-byte alignment, and compiles every combination it meets anew."""
-    import triton
     options = {"do_not_specialize": list(names)}
     if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
         options["do_not_specialize_on_alignment"] = list(names)

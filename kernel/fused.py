@@ -566,14 +566,14 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     # guards: mutants store_no_row_mask, store_row_mask_off_by_one; case partial_last_query_block
     o_mask = (offs_m[:, None] < Nq) & (offs_dv[None, :] < HEAD_DIM_V)
     if SPLIT:
+        # Each split's running max m and its l go to the combine apart, not as their log-sum-exp m + log2(l)
+        # (flash-decoding's partial state): in fp32 that sum drops log2(l) once |m| passes 2^24 or so, and the
+        # combine then weighs a split holding three keys tied at the row max as one holding one (0.70 off at
+        # scores of 2.5e8; tests/test_kernel_features.py test_split_kv_combine_keeps_each_splits_l).
         # The partial state of this split: its output normalised by its own l (l = 0 when no row key fell in
         # it: divide by 1, not 0, or 0/0 = NaN reaches the combine, where a zero weight times NaN is still
-        # NaN), and its running max m (-inf for such rows) and l, apart: (B*H, splits, 2, Nq).
+        # NaN), and its running max m (-inf for such rows) and l: (B*H, splits, 2, Nq).
         # guards: mutant split_partial_no_l_guard; case split_kv_decode_causal
-        # Not their log-sum-exp m + log2(l) (flash-decoding's partial state): in fp32 that sum drops log2(l) once
-        # |m| passes 2^24 or so, and the combine then weighs a split holding three keys tied at the row max as one
-        # holding one (the decode tests' huge tied scores: output 0.70 off at scores of 2.5e8; the case is
-        # tests/test_kernel_features.py::test_split_kv_combine_keeps_each_splits_l).
         split = tl.program_id(2)
         l_part = tl.where(l_i == 0.0, 1.0, l_i)
         row = (off_bh.to(tl.int64) * tl.num_programs(2) + split) * Nq + offs_m
