@@ -436,7 +436,7 @@ MUTANTS = [
            ("split_kv_decode_causal",)),
     Mutant("split_combine_no_inf_guard", "fused",
            'm_shift_c = tl.where(m_new == float("-inf"), 0.0, m_new)', "m_shift_c = m_new",
-           "the combine shifts by the running max of the splits' lse even while it is -inf: -inf - -inf = NaN "
+           "the combine shifts by the running max of the splits' maxima even while it is -inf: -inf - -inf = NaN "
            "for a row whose first combined splits saw no key",
            "issue 13: a real bug of published split-KV combines (lse -inf)", ("split_kv_decode_causal",)),
     # --- the online-softmax state and the rescale direction ------------------------------------------
