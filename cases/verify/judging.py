@@ -233,9 +233,10 @@ def _repeat(kernel, case, caps, times, verdict):
         if bool(differs.any()):
             w = tuple(int(x) for x in torch.nonzero(differs)[0])
             got = call.result.detach().cpu().double()
+            apart = float(torch.nan_to_num((got - first[2]).abs(), nan=float("inf")).max())
             verdict.fail(Failure(Kind.NONDETERMINISTIC, f"call {i + 1} of {times} on the same inputs differs from "
-                                                        f"call 1 in {int(differs.sum())} output element(s) "
-                                                        "(a race, or an order that depends on scheduling)",
+                                                        f"call 1 in {int(differs.sum())} output element(s), by up to "
+                                                        f"{apart:.3g} (a race, or an order that depends on scheduling)",
                                  where=w, got=float(got[w]), expected=float(first[2][w])))
             return
         if lse is not None and first[1] is not None and not torch.equal(lse, first[1]):
