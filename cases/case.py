@@ -63,6 +63,8 @@ class Case:
     page_size: int = None        # a paged kernel's page size (None: protocols.DEFAULT_PAGE)
     max_seqlen_extra: int = 0    # max_seqlen_q/k passed this much above the longest sequence (a bound, not a length);
                                  # None: not passed (the protocol's default, None: the kernel finds the lengths itself)
+    gpu_only_interpreted: bool = False   # gpu_only only for a Triton kernel (the interpreter's time): a kernel of
+                                         # plain PyTorch is judged on it on the CPU too
 
     def __post_init__(self):
         if self.dtype not in DTYPES and self.dtype not in EXPANSIONS:

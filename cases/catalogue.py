@@ -203,7 +203,7 @@ CATALOGUE = [
          B=1040, H=32, Nq=512, Nk=512, D=128, dtype="half", seed=40, sample_heads=8,
          gpu_only="size: 4 GiB per tensor, beyond the interpreter"),
     Case("long_cross_decode", point=('few_queries', 'nq_lt_nk'), why="decode-like: few queries, many keys, default tiles", B=2, H=4, Nq=3,
-         Nk=4099, D=128, seed=39, gpu_only="size: the interpreter would take minutes"),
+         Nk=4099, D=128, seed=39, gpu_only="size: the interpreter would take minutes", gpu_only_interpreted=True),
     Case("split_kv_decode", point=('lengths',), why="decode (16 queries, 769 keys, B*H = 2): a split-KV kernel splits the keys, "
          "e.g. [0, 256) .. [768, 769): overlapping or dropped keys, or a wrongly weighted combine", H=2, Nq=16,
          Nk=769, D=32, seed=65),

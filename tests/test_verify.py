@@ -715,3 +715,19 @@ def test_generated_cases_of_a_kernel_that_is_not_triton_draw_its_declared_bf16_o
     report = flashcheck.verify(plain_attention.matmul_softmax, dtypes="bf16", only="one_query", examples=4)
     assert report.exit_code == 0, str(report)
     assert "4 distinct example(s) judged, 4 without a failure" in str(report), str(report)
+
+
+def test_a_case_too_slow_for_the_interpreter_judges_a_pytorch_kernel_on_the_cpu(backend):
+    """long_cross_decode (4099 keys) is GPU-only for a Triton kernel, which the interpreter would run for minutes,
+    and judged on any backend for a kernel of plain PyTorch: on the CPU it was the only entry whose rows pass 4096
+    keys, where a key-chunked kernel's merge bug first shows."""
+    import flashcheck
+    from tests import limited_kernels
+
+    chunked = flashcheck.verify(limited_kernels.chunked_keys_partial_chunk_dropped, dtypes="fp32",
+                                only="long_cross_decode,split_kv_decode", causal=False)
+    assert chunked.exit_code == 1, str(chunked)
+    assert [r.case.name for r in chunked.failures] == ["long_cross_decode[fp32]"], str(chunked)
+    if backend != "gpu":
+        fused = flashcheck.verify("flashcheck.kernel.fused:attention", only="long_cross_decode,one_key", dtypes="fp32")
+        assert fused.exit_code == 0 and "GPU only: size: the interpreter would take minutes" in str(fused), str(fused)
