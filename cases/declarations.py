@@ -25,6 +25,7 @@ SUPPORT = ("auto", "yes", "no")
 HEAD_MAPS = ("grouped", "interleaved")
 EMPTY_LSE = ("-inf", "+inf")
 PROTOCOLS = ("auto", "dense", "varlen", "paged")
+PAGED_Q = ("bhnd", "bnhd")   # a paged kernel's q and output: (B, H, Nq, D) or (B, Nq, H, D)
 # the protocol's optional keywords, for a kernel whose **kwargs signature cannot show them (--keywords)
 KEYWORDS = ("out", "return_lse", "block_m", "block_n", "window", "softcap", "alibi_slopes")
 STRIDES = ("any", "last-dim-contiguous", "aligned", "contiguous")
@@ -98,8 +99,6 @@ def _positive(name, minimum):
         return n
     return parse
 
-
-PAGED_Q = ("bhnd", "bnhd")   # a paged kernel's q and output: (B, H, Nq, D) or (B, Nq, H, D)
 
 def _choice(name, options):
     def parse(value):

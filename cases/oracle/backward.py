@@ -11,8 +11,9 @@ g64 the float64 definition on the same rounded inputs and dO; g_base the same fo
 (scores and softmax in that dtype, as a plain framework user's autograd would give; full fp32 for fp32; in fp16
 and bf16 the larger error of two such baselines, the scores rounded after the product and Q scaled in its dtype
 before it, the two roundings the forward's tolerance allows), whose largest error is what FlashAttention's own
-tests hold their backward to (at most twice it; F leaves room for a kernel that orders its sums differently); |g|w the definition's sums over absolute values with each row's
-probabilities weighted by the relative error a correct kernel may give them:
+tests hold their backward to (at most twice it; F leaves room for a kernel that orders its sums differently);
+|g|w the definition's sums over absolute values with each row's probabilities weighted by the relative error a
+correct kernel may give them:
 
     w_i = FLOOR (eps + eps32 (sqrt(max(Nq, Nk)) + sqrt(max(D, Dv)))) + 4 kappa_i,
     kappa_i = eps32 (sqrt(D) + 2) max_j |s|_ij
@@ -113,9 +114,10 @@ def judge(kernel, case, caps, qkv, device, conventions, kwargs, required=False, 
     want, floors = torch_ref.backward(*exact, dout.to(where, torch.float64), pb, magnitudes=True,
                                       weight=_row_weights(case, pb, *exact[:2], kappa=kappa))
     with torch_ref.no_tf32():
-        base = [torch_ref.backward(*(t.detach() for t in (q, k, v)), dout, pb)]
+        rounded = tuple(t.detach() for t in (q, k, v))
+        base = [torch_ref.backward(*rounded, dout, pb)]
         if q.dtype != torch.float32:
-            base.append(_prescaled_baseline(*(t.detach() for t in (q, k, v)), dout, pb))
+            base.append(_prescaled_baseline(*rounded, dout, pb))
     fail = _held(got, want, base, floors, case, where)
     if fail is not None or case.layout == "contiguous" or notes is None:
         return fail
