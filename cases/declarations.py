@@ -26,6 +26,9 @@ HEAD_MAPS = ("grouped", "interleaved")
 EMPTY_LSE = ("-inf", "+inf")
 PROTOCOLS = ("auto", "dense", "varlen", "paged")
 PAGED_Q = ("bhnd", "bnhd")   # a paged kernel's q and output: (B, H, Nq, D) or (B, Nq, H, D)
+WINDOW_COUNTS = ("distance", "size")        # how window=(left, right) counts (cases/oracle/verdict.py as_declared)
+LSE_LAYOUTS = ("heads-first", "tokens-first")
+LSE_BASES = ("e", "2")
 # the protocol's optional keywords, for a kernel whose **kwargs signature cannot show them (--keywords)
 KEYWORDS = ("out", "return_lse", "block_m", "block_n", "window", "softcap", "alibi_slopes")
 STRIDES = ("any", "last-dim-contiguous", "aligned", "contiguous")
@@ -179,6 +182,19 @@ FIELDS = (
           "a paged kernel's q and output layout: bhnd, (B, H, Nq, D) as the dense protocol's (the default), or bnhd, "
           "(B, Nq, H, D) as FlashAttention's flash_attn_with_kvcache; when not declared, one small paged case "
           "judged both ways tells", "bhnd|bnhd"),
+    Field("window_count", "--window-count", _choice("window_count", WINDOW_COUNTS), "distance",
+          "how the kernel counts window=(left, right): distance (the protocol, FlashAttention's window_size: each "
+          "side is the farthest key seen from the diagonal, so (0, 0) sees the diagonal key alone) or size (each side "
+          "counts its keys with the diagonal's own, as a sliding_window=W of Mistral's and Hugging Face's models "
+          "does: (1, 1) sees the diagonal key alone); verify hands each case's window to the kernel in its count",
+          "distance|size"),
+    Field("lse_layout", "--lse-layout", _choice("lse_layout", LSE_LAYOUTS), "heads-first",
+          "the layout of the log-sum-exp that return_lse=True gives: heads-first, the protocol's ((B, H, Nq); "
+          "varlen (H, total_q)), or tokens-first ((B, Nq, H); varlen (total_q, H), as FlashInfer's)",
+          "heads-first|tokens-first"),
+    Field("lse_base", "--lse-base", _choice("lse_base", LSE_BASES), "e",
+          "the base of the log-sum-exp that return_lse=True gives: e, the protocol's natural log, or 2 (FlashInfer's, "
+          "and kernels that return the log2-domain state of an exp2 loop)", "e|2"),
     Field("nan_stays_in_row", "--nan-stays-in-row", _flag, False,
           "a NaN in one query row of q stays in that row's output (FlashAttention and SDPA keep it there; a kernel "
           "that scales q per tensor or per block, as quantised ones do, cannot): the case with a NaN in q is judged "
@@ -207,6 +223,9 @@ class Declarations:
     empty_lse: str = "-inf"
     nan_stays_in_row: bool = False
     paged_q: str = "bhnd"
+    window_count: str = "distance"
+    lse_layout: str = "heads-first"
+    lse_base: str = "e"
     keywords: tuple = None
     protocol: str = "auto"
     backward: str = "auto"

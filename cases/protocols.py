@@ -36,7 +36,7 @@ from flashcheck.cases import inputs as inp
 from flashcheck.cases.declarations import PAGED_Q
 from flashcheck.cases.oracle.kinds import Kind
 from flashcheck.cases.oracle.layers import check_returned_out
-from flashcheck.cases.oracle.verdict import Capabilities, Failure, RunFailed
+from flashcheck.cases.oracle.verdict import Capabilities, Failure, RunFailed, lse_layout_hint
 
 DENSE, VARLEN, PAGED = "dense", "varlen", "paged"
 PROTOCOLS = (DENSE, VARLEN, PAGED)
@@ -349,7 +349,10 @@ class Packed:
             raise _bad(f"the {self.protocol} output", f"{out_shape} {dt} on {device}", result)
         if lse is not None and (not isinstance(lse, torch.Tensor) or tuple(lse.shape) != lse_shape
                                 or lse.dtype != torch.float32 or lse.device.type != torch.device(device).type):
-            raise _bad(f"the {self.protocol} lse", f"{lse_shape} torch.float32 on {device}", lse)
+            fail = _bad(f"the {self.protocol} lse", f"{lse_shape} torch.float32 on {device}", lse)
+            if isinstance(lse, torch.Tensor):
+                fail.failure.message += lse_layout_hint(lse.shape, lse_shape)
+            raise fail
         for name, g, snap in zip(("q", "k (the cache)" if self.protocol == PAGED else "k",
                                   "v (the cache)" if self.protocol == PAGED else "v"), inputs, before):
             changed = g.changed(snap)

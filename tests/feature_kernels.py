@@ -115,3 +115,54 @@ def q_scaled_per_tensor(q, k, v, *, causal=False, scale=None):
     amax = qf.abs().amax() if qf.numel() else qf.new_ones(())
     p2 = float(torch.exp2(torch.ceil(torch.log2(amax.clamp_min(2.0 ** -100)))))
     return matmul_softmax(qf / p2, k, v, causal=causal, scale=scale * p2).to(q.dtype)
+
+
+def _windowed(q, k, v, causal, scale, window):
+    """Plain attention (fp32 scores, grouped heads) with the protocol's window=(left, right): row i sees key j iff
+    i + Nk - Nq - left <= j <= i + Nk - Nq + right (None: that side unbounded); a row that sees no key gives 0."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    H, Hkv = q.shape[1], k.shape[1]
+    k, v = (t.repeat_interleave(H // Hkv, dim=1) for t in (k, v))
+    Nq, Nk = q.shape[-2], k.shape[-2]
+    i = torch.arange(Nq, device=q.device)[:, None] + (Nk - Nq)
+    j = torch.arange(Nk, device=q.device)[None, :]
+    sees = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device)
+    left, right = window if window is not None else (None, None)
+    if left is not None:
+        sees &= j >= i - left
+    if right is not None:
+        sees &= j <= i + right
+    if causal:
+        sees &= j <= i
+    s = (torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale).masked_fill(~sees, float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)      # a row of -inf alone: NaN from softmax, 0 here
+    return torch.matmul(p, v.float()).to(q.dtype)
+
+
+def window_counted_in_keys(q, k, v, *, causal=False, scale=None, window=None):
+    """Right, with the window counted as Mistral's and Hugging Face's sliding_window=W is: each side of
+    window=(left, right) counts its keys with the diagonal's own, so (1, 1) sees the diagonal key alone
+    (--window-count size). Under the protocol's count its windows are one key narrower on each side."""
+    if window is not None:
+        if any(side is not None and side < 1 for side in window):
+            raise ValueError(f"window sides count keys with the diagonal's own: at least 1, got {window}")
+        window = tuple(None if side is None else side - 1 for side in window)
+    return _windowed(q, k, v, causal, scale, window)
+
+
+def window_counted_as_distance(q, k, v, *, causal=False, scale=None, window=None):
+    """Right by the protocol's count (each side the farthest key seen from the diagonal)."""
+    return _windowed(q, k, v, causal, scale, window)
+
+
+def lse_tokens_first(q, k, v, *, causal=False, scale=None, return_lse=False):
+    """Right, with its log-sum-exp laid out (B, Nq, H), as FlashInfer's (total_q, H) is (--lse-layout
+    tokens-first)."""
+    result = grouped(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
+    return (result[0], result[1].transpose(-1, -2).contiguous()) if return_lse else result
+
+
+def lse_in_log2(q, k, v, *, causal=False, scale=None, return_lse=False):
+    """Right, with its log-sum-exp in base 2, as an exp2 loop keeps it and FlashInfer returns it (--lse-base 2)."""
+    result = grouped(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
+    return (result[0], result[1] / math.log(2.0)) if return_lse else result

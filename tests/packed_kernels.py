@@ -242,3 +242,9 @@ def paged_q_bnhd_drops_last_key(q, k_cache, v_cache, block_table, cache_seqlens,
     """paged_q_bnhd with a bug: each sequence's last key is left out."""
     return paged_q_bnhd(q, k_cache, v_cache, block_table, (cache_seqlens - 1).clamp_min(0), causal=causal,
                         scale=scale)
+
+
+def lse_tokens_first(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None, return_lse=False):
+    """Right, with its log-sum-exp laid out (total_q, H), as FlashInfer's is (--lse-layout tokens-first)."""
+    res = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale, return_lse=return_lse)
+    return (res[0], res[1].transpose(0, 1).contiguous()) if return_lse else res

@@ -161,3 +161,46 @@ def test_a_nan_in_q_is_judged_only_where_the_kernel_declares_it_stays_in_its_row
     assert declared.exit_code == 1 and len(declared.failures) == 1, str(declared)
     own = _verify(fused.attention, "nan_input_stays_in_its_row")     # declared by the kernel itself
     assert own.exit_code == 0 and [r.status for r in own.results] == ["pass"], str(own)
+
+
+WINDOWS = "window_hand_4x4,window_diagonal_only,window_crossing_key_blocks,window_right_zero_is_causal"
+
+
+@pytest.mark.parametrize("kernel, declared, passes", [
+    (fk.window_counted_in_keys, None, False), (fk.window_counted_in_keys, "size", True),
+    (fk.window_counted_as_distance, None, True), (fk.window_counted_as_distance, "size", False)])
+def test_how_a_window_is_counted_is_a_declared_convention(kernel, declared, passes):
+    """window=(left, right) as the farthest key on each side (the protocol, FlashAttention's window_size) or as
+    counts of keys with the diagonal's own (Mistral's and Hugging Face's sliding_window): the same attention, handed
+    to the kernel in its own count; judged by the other count, either kernel fails."""
+    options = {} if declared is None else {"window_count": declared}
+    report = _verify(kernel, WINDOWS, **options)
+    judged = [r for r in report.results if r.status != "skip"]
+    assert len(judged) == 4, str(report)
+    if passes:
+        assert report.exit_code == 0 and {r.status for r in judged} == {"pass"}, str(report)
+    else:
+        assert report.exit_code == 1 and len(report.failures) >= 3, str(report)
+    if declared:
+        assert all("--window-count size" in r.verdict.repro() for r in report.failures), str(report)
+
+
+def test_the_lse_layout_is_a_declared_convention_and_its_failure_says_so():
+    only = "causal_nq_gt_nk,cross_nq_gt_nk"
+    undeclared = _verify(fk.lse_tokens_first, only)
+    assert undeclared.exit_code == 1 and undeclared.failures, str(undeclared)
+    first = undeclared.failures[0].verdict
+    assert str(first.kind) == "bad return" and "--lse-layout tokens-first" in str(undeclared), str(undeclared)
+    declared = _verify(fk.lse_tokens_first, only, lse_layout="tokens-first")
+    assert declared.exit_code == 0 and [r.status for r in declared.results] == ["pass", "pass"], str(declared)
+    # the protocol's layout declared the other way fails
+    assert _verify(fk.grouped, only, lse_layout="tokens-first").exit_code == 1
+
+
+def test_the_lse_base_is_a_declared_convention_and_its_failure_says_so():
+    only = "causal_nq_gt_nk,cross_nq_gt_nk"
+    undeclared = _verify(fk.lse_in_log2, only)
+    assert undeclared.exit_code == 1 and str(undeclared.failures[0].verdict.kind) == "lse", str(undeclared)
+    assert "--lse-base 2" in str(undeclared), str(undeclared)
+    assert _verify(fk.lse_in_log2, only, lse_base="2").exit_code == 0
+    assert _verify(fk.grouped, only, lse_base="2").exit_code == 1

@@ -161,3 +161,13 @@ def test_a_paged_kernel_in_flashattentions_layout_is_found_by_its_probe_or_decla
     assert _verify(pk.attention_paged, only).exit_code == 0          # the protocol's layout, probed as it
     bad = _verify(pk.paged_q_bnhd_drops_last_key, "paged_odd_page_size")
     assert bad.exit_code == 1 and "--paged-q bnhd" in bad.failures[0].verdict.repro(), str(bad)
+
+
+def test_a_varlen_lse_laid_out_tokens_first_is_declared():
+    """(total_q, H) instead of the protocol's (H, total_q): a bad return that names the declaration, and with it
+    declared the kernel passes."""
+    only = "varlen_empty_sequences_causal,varlen_cross_causal"
+    undeclared = _verify(pk.lse_tokens_first, only)
+    assert undeclared.exit_code == 1 and "--lse-layout tokens-first" in str(undeclared), str(undeclared)
+    declared = _verify(pk.lse_tokens_first, only, lse_layout="tokens-first")
+    assert declared.exit_code == 0 and {r.status for r in declared.results} == {"pass"}, str(declared)

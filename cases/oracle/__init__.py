@@ -21,4 +21,5 @@ from flashcheck.cases.oracle.layers import (  # noqa: F401
                                            protocol_kwargs,
                                            where_raised,
 )
-from flashcheck.cases.oracle.verdict import Capabilities, Failure, Outcome, RunFailed, Verdict, showing_keywords  # noqa: F401,E501
+from flashcheck.cases.oracle.verdict import (Capabilities, Failure, Outcome, RunFailed, Verdict, as_declared,  # noqa: F401
+                                              showing_keywords)

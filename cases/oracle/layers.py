@@ -23,6 +23,7 @@ out of memory).
 import contextlib
 import fcntl
 import gc
+import math
 import os
 import re
 import tempfile
@@ -39,7 +40,7 @@ from flashcheck.cases.backend import device as active_device
 from flashcheck.cases.declarations import DeclarationError, Declarations
 from flashcheck.cases.oracle import tolerance
 from flashcheck.cases.oracle.kinds import Kind, _chain, classify_exception, is_out_of_memory
-from flashcheck.cases.oracle.verdict import Capabilities, Failure, Outcome, RunFailed, Verdict
+from flashcheck.cases.oracle.verdict import LN2, Capabilities, Failure, Outcome, RunFailed, Verdict, lse_layout_hint
 
 LOOSE = 0.1     # a row whose tolerance reaches this fraction of V's spread is judged only loosely
 
@@ -53,10 +54,17 @@ class Conventions:
     fp32_scores: bool = False
     head_map: str = "grouped"
     empty_lse: str = "-inf"          # the log-sum-exp of a row that sees no key: -inf (the protocol) or +inf
+    # how the kernel is called and answers (as_declared bridges them, so the judgement itself never sees them):
+    window_count: str = "distance"   # window=(left, right) as the farthest key on each side, or as counts of keys
+    lse_layout: str = "heads-first"  # (B, H, Nq), varlen (H, total_q); or tokens-first, the last two axes swapped
+    lse_base: str = "e"              # the natural log, or log2
 
     @classmethod
     def of(cls, decl):
-        return cls(decl.causal_align, decl.fp32_scores, decl.head_map, decl.empty_lse) if decl is not None else cls()
+        if decl is None:
+            return cls()
+        return cls(decl.causal_align, decl.fp32_scores, decl.head_map, decl.empty_lse, decl.window_count,
+                   decl.lse_layout, decl.lse_base)
 
 
 def _first_bad(bad):
@@ -184,8 +192,9 @@ def call_kernel(kernel, case, caps, qkv, device, guard_fill=float("nan"), measur
                 or lse.device.type != torch.device(device).type:
             got = (f"{tuple(lse.shape)} {lse.dtype} on {lse.device}" if isinstance(lse, torch.Tensor)
                    else type(lse).__name__)
+            hint = lse_layout_hint(lse.shape, (B, H, Nq)) if isinstance(lse, torch.Tensor) else ""
             raise RunFailed(Failure(Kind.BAD_RETURN, f"lse must be a ({B}, {H}, {Nq}) torch.float32 tensor on "
-                                                     f"{device}, got {got}"))
+                                                     f"{device}, got {got}{hint}"))
     return Call(g, result, lse, before, peak)
 
 
@@ -398,6 +407,10 @@ def lse_failure(got, expect, empty_lse="-inf"):
             fail.message += ("; the row sees no key: +inf expected, as declared (--empty-lse +inf)" if empty_lse == "+inf"
                              else "; the row sees no key: -inf expected, the protocol's (a kernel that gives +inf, as "
                                   "FlashAttention's do, declares --empty-lse +inf)")
+        elif fail.got and fail.expected and math.isfinite(fail.got) and math.isfinite(fail.expected) \
+                and abs(fail.got * LN2 / fail.expected - 1.0) < 1e-3:
+            fail.message += ("; got is the expected times log2(e): a log-sum-exp in base 2 (a kernel that returns "
+                             "one, as FlashInfer's do, declares --lse-base 2)")
     return fail
 
 

@@ -85,6 +85,52 @@ def showing_keywords(kernel, names):
     return call
 
 
+def as_declared(kernel, conventions):
+    """The kernel as the oracle calls it, where its declared calling conventions differ from the protocol's
+    (cases/declarations.py): each case's window=(left, right) handed over in the kernel's count (--window-count size:
+    one more key on each bounded side, the diagonal's own), and the log-sum-exp it returns brought to the protocol's
+    (--lse-layout tokens-first: its last two axes swapped back; --lse-base 2: times ln 2). The judgement, the
+    references and every report then speak the protocol alone. The same callable and signature otherwise
+    (Capabilities.of reads the kernel's own)."""
+    sized = getattr(conventions, "window_count", "distance") == "size"
+    swapped = getattr(conventions, "lse_layout", "heads-first") == "tokens-first"
+    base2 = getattr(conventions, "lse_base", "e") == "2"
+    if not (sized or swapped or base2):
+        return kernel
+
+    def call(*args, **kwargs):
+        window = kwargs.get("window")
+        if sized and window is not None:
+            kwargs["window"] = tuple(None if side is None else side + 1 for side in window)
+        result = kernel(*args, **kwargs)
+        if not kwargs.get("return_lse") or not (isinstance(result, (tuple, list)) and len(result) == 2):
+            return result       # the oracle says what is wrong with a return it cannot read
+        out, lse = result
+        if hasattr(lse, "transpose") and getattr(lse, "ndim", 0) >= 2 and swapped:
+            lse = lse.transpose(-1, -2)
+        if hasattr(lse, "is_floating_point") and lse.is_floating_point() and base2:
+            lse = lse * LN2
+        return type(result)((out, lse))
+    for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+        setattr(call, attr, getattr(kernel, attr, None))
+    try:
+        call.__signature__ = inspect.signature(kernel)
+    except (TypeError, ValueError):
+        pass
+    return call
+
+
+LN2 = 0.6931471805599453
+
+
+def lse_layout_hint(got_shape, expected_shape):
+    """A hint for an lse of the wrong shape that is the protocol's with its last two axes swapped."""
+    got, want = tuple(got_shape), tuple(expected_shape)
+    if len(got) >= 2 and got != want and got[:-2] + (got[-1], got[-2]) == want:
+        return " (the protocol's shape with its last two axes swapped: --lse-layout tokens-first declares that layout)"
+    return ""
+
+
 @dataclass
 class Failure:
     kind: Kind

@@ -50,6 +50,7 @@ def judge_case(kernel, case, settings):
     kernel has each sequence of the case judged as a dense case, through its adapter (cases/verify/packed.py)."""
     try:
         kernel = oracle.showing_keywords(kernel, settings.decl.keywords)     # --keywords, for a **kwargs signature
+        kernel = oracle.as_declared(kernel, oracle.Conventions.of(settings.decl))   # --window-count, --lse-*
         protocol = protocols.of_kernel(kernel, settings.decl)
         if protocol != protocols.DENSE:
             verdict = packed.judge(kernel, protocol, case, settings, _judge)
@@ -186,6 +187,7 @@ def probe_backward(kernel, dtype, conventions, protocol=protocols.DENSE, shape=N
     forward-only kernel returns a plain tensor)."""
     s = shape or features.PROBE_SHAPE          # the head dim and length the kernel declares it takes
     case = Case("probe_backward", H=2, Nq=s["N"], Nk=s["N"], D=s["D"], dtype=dtype, seed=1)
+    kernel = oracle.as_declared(kernel, conventions)
     if protocol != protocols.DENSE:
         kernel = protocols.Packed(kernel, protocol, case, 0, layout=layout)
     q, k, v = backward.leaves(case, inp.values(case), device())
@@ -264,6 +266,7 @@ def probe_feature(kernel, name, dtype, conventions, protocol=protocols.DENSE, sh
     feature's cases. An answer of the wrong shape is an answer: a kernel without a value head dim of its own
     asserts it (as Triton's tutorial does), while output sized by D is a bug class of its own."""
     case = features.probe_case(name, dtype, shape)
+    kernel = oracle.as_declared(kernel, conventions)
     if protocol != protocols.DENSE:
         kernel = protocols.Packed(kernel, protocol, case, 0, layout=layout)
     verdict = oracle.judge(kernel, case, target="probe", conventions=conventions)
@@ -293,6 +296,7 @@ def probe_paged_layout(kernel, dtype, conventions, shape=None):
     s = shape or features.PROBE_SHAPE
     H = next(h for h in (3, 2, 5, 7) if s["N"] % h)
     case = Case("probe_paged_layout", H=H, Nq=s["N"], Nk=s["N"], D=s["D"], dtype=dtype, seed=3)
+    kernel = oracle.as_declared(kernel, conventions)
     answered = []
     for layout in protocols.PAGED_Q:
         verdict = oracle.judge(protocols.Packed(kernel, protocols.PAGED, case, 0, layout=layout), case,
