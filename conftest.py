@@ -209,10 +209,14 @@ def pytest_collection_modifyitems(config, items):
     stealing = config.getoption("dist", "no") in ("no", "worksteal")
     items[:] = dealt(items, _cost, _WORKERS if stealing else 1, one_worker)
     opt_in = pytest.mark.skip(reason="opt-in: select it with -m sanitizer (runs compute-sanitizer, slow)")
+    sweep = pytest.mark.skip(reason="opt-in: select it with -m exhaustive (a whole-catalogue sweep of a second kernel "
+                                    "path; scripts/gpu_suite.sh runs it)")
     gpu_only = pytest.mark.skip(reason="GPU only: needs the compiled backend (running on Triton's CPU interpreter)")
     for item in items:
         if "sanitizer" in item.keywords and "sanitizer" not in (config.option.markexpr or ""):
             item.add_marker(opt_in)
+        elif "exhaustive" in item.keywords and "exhaustive" not in (config.option.markexpr or ""):
+            item.add_marker(sweep)
         elif "gpu" in item.keywords and BACKEND != "gpu":
             item.add_marker(gpu_only)
 

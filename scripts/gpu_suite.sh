@@ -12,6 +12,8 @@ timed() { local t0=$SECONDS; "$@" 2>&1 | tee -a "$LOG"; local rc=${PIPESTATUS[0]
 status=0
 step "device"; nvidia-smi -L | tee -a "$LOG"; python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$LOG"
 step "pytest"; timed python -m pytest -n "${WORKERS:-auto}" -p no:cacheprovider --junitxml="$OUT/junit.xml" "$@" || status=1
+step "exhaustive sweeps (the fp32 paths tf32x3 and FMA over the whole fp32 catalogue)"
+timed python -m pytest -n "${WORKERS:-auto}" -p no:cacheprovider -m exhaustive --junitxml="$OUT/junit-exhaustive.xml" || status=1
 grep -o 'property name="[a-z_]*" value="[^"]*"' "$OUT/junit.xml" | tee -a "$LOG"
 cat "$OUT/workers.log" >> "$LOG" 2>/dev/null
 step "kill matrix"; timed python -m flashcheck mutants --json "$OUT/mutants.json" || status=1
