@@ -344,6 +344,8 @@ class Packed:
             if not (isinstance(result, (tuple, list)) and len(result) == 2):
                 raise _bad("return_lse=True", "(out, lse)", result)
             result, lse = result
+        if result is None and gout is not None:
+            result = gout.t         # given out=, a kernel may answer in it alone
         if not isinstance(result, torch.Tensor) or tuple(result.shape) != out_shape or result.dtype != dt \
                 or result.device.type != torch.device(device).type:
             raise _bad(f"the {self.protocol} output", f"{out_shape} {dt} on {device}", result)

@@ -166,3 +166,20 @@ def lse_in_log2(q, k, v, *, causal=False, scale=None, return_lse=False):
     """Right, with its log-sum-exp in base 2, as an exp2 loop keeps it and FlashInfer returns it (--lse-base 2)."""
     result = grouped(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
     return (result[0], result[1] / math.log(2.0)) if return_lse else result
+
+
+def answers_in_out_alone(q, k, v, *, causal=False, scale=None, out=None, return_lse=False):
+    """Right: given out=, it writes the answer there and returns None (with return_lse, (None, lse)), as in-place
+    APIs do; without out=, it returns the answer."""
+    result = grouped(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
+    o, lse = result if return_lse else (result, None)
+    if out is None:
+        return result
+    out.copy_(o)
+    return (None, lse) if return_lse else None
+
+
+def returns_none_and_leaves_out(q, k, v, *, causal=False, scale=None, out=None):
+    """A bug: given out=, it returns None and never writes out (the answer computed and dropped)."""
+    o = grouped(q, k, v, causal=causal, scale=scale)
+    return o if out is None else None

@@ -204,3 +204,12 @@ def test_the_lse_base_is_a_declared_convention_and_its_failure_says_so():
     assert "--lse-base 2" in str(undeclared), str(undeclared)
     assert _verify(fk.lse_in_log2, only, lse_base="2").exit_code == 0
     assert _verify(fk.grouped, only, lse_base="2").exit_code == 1
+
+
+def test_given_out_a_kernel_may_answer_in_it_alone():
+    """Returning None (or (None, lse)) after writing out= is an answer; out= left unwritten is still a failure."""
+    only = "causal_nq_gt_nk,cross_nq_gt_nk,partial_last_key_block"
+    report = _verify(fk.answers_in_out_alone, only)
+    assert report.exit_code == 0 and {r.status for r in report.results} == {"pass"}, str(report)
+    dropped = _verify(fk.returns_none_and_leaves_out, only)
+    assert dropped.exit_code == 1 and str(dropped.failures[0].verdict.kind) == "unwritten", str(dropped)

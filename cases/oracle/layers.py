@@ -180,6 +180,8 @@ def call_kernel(kernel, case, caps, qkv, device, guard_fill=float("nan"), measur
             raise RunFailed(Failure(Kind.BAD_RETURN,
                                     f"return_lse=True must return (out, lse), got {type(result).__name__}"))
         result, lse = result
+    if result is None and "out" in kwargs:
+        result = kwargs["out"]      # given out=, a kernel may answer in it alone (as torch's out= variants may)
     B, H, Nq, D = case.B, case.H, case.Nq, case.v_dim
     if not isinstance(result, torch.Tensor):
         raise RunFailed(Failure(Kind.BAD_RETURN, f"expected a tensor, got {type(result).__name__}"))
