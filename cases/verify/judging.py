@@ -330,6 +330,7 @@ def memory_probe(kernel, case, settings):
     N / 2. It fails as "memory complexity" when it is at least a quarter byte per score at N and grew about
     fourfold from N / 2: the scores are materialised."""
     protocol = protocols.of_kernel(kernel, settings.decl)
+    kernel = oracle.as_declared(kernel, oracle.Conventions.of(settings.decl))
     verdict = oracle.Verdict(case, settings.target)
     half = case.replace(Nq=max(case.Nq // 2, 1), Nk=max(case.Nk // 2, 1))
     peaks = []
