@@ -211,7 +211,10 @@ class Verdict:
             return head + (f": {self.note}" if self.note else "")
         lines = [head] + ["  " + f.line() for f in self.failures]
         if self.case.why:
-            lines.append(f"  guards against: {self.case.why}")
+            # an entry's why is about the forward: a failure of the gradients alone says the case was written for that
+            backward_only = all(f.kind == Kind.GRADIENT for f in self.failures)
+            lines.append(f"  {'the case was written for the forward; it ' if backward_only else ''}guards against: "
+                         f"{self.case.why}")
         lines.append(f"  repro: {self.repro()}")
         return "\n".join(lines)
 
