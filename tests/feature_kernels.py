@@ -183,3 +183,11 @@ def returns_none_and_leaves_out(q, k, v, *, causal=False, scale=None, out=None):
     """A bug: given out=, it returns None and never writes out (the answer computed and dropped)."""
     o = grouped(q, k, v, causal=causal, scale=scale)
     return o if out is None else None
+
+
+def own_block_defaults(q, k, v, *, causal=False, scale=None, block_m=16, block_n=16):
+    """Right, with tiles of its own by default (as many kernels' wrappers have): a case that pins one tile gets the
+    other's default, not None."""
+    if not (isinstance(block_m, int) and isinstance(block_n, int)):
+        raise TypeError(f"block_m and block_n must be ints, got {block_m!r}, {block_n!r}")
+    return grouped(q, k, v, causal=causal, scale=scale)

@@ -213,3 +213,15 @@ def test_given_out_a_kernel_may_answer_in_it_alone():
     assert report.exit_code == 0 and {r.status for r in report.results} == {"pass"}, str(report)
     dropped = _verify(fk.returns_none_and_leaves_out, only)
     assert dropped.exit_code == 1 and str(dropped.failures[0].verdict.kind) == "unwritten", str(dropped)
+
+
+def test_a_case_that_pins_one_tile_leaves_the_kernels_default_for_the_other():
+    """block_override_decode_d128 pins block_m alone: a kernel whose block_n defaults to 16 was handed None."""
+    from flashcheck.cases import catalogue
+
+    pinned_one = {c.name.partition("[")[0] for e in catalogue.CATALOGUE for c in e.instances()
+                  if bool(c.block_m) != bool(c.block_n)}
+    assert pinned_one, "no catalogue case pins one tile alone"
+    report = flashcheck.verify(fk.own_block_defaults, only=",".join(sorted(pinned_one)), dtypes="fp16",
+                               properties=False)
+    assert report.exit_code == 0 and {r.status for r in report.results} == {"pass"}, str(report)

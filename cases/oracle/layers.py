@@ -114,8 +114,10 @@ def protocol_kwargs(case, caps, device="cpu"):
         kwargs["causal"] = case.causal
     if case.scale is not None:
         kwargs["scale"] = case.scale
-    if caps.blocks and (case.block_m or case.block_n):
-        kwargs.update(block_m=case.block_m, block_n=case.block_n)
+    if caps.blocks:
+        # only what the case pins: a kernel's own default stands for the other (None would replace it: a kernel
+        # whose block_m=16 default met block_m=None raised on a case pinning block_n alone)
+        kwargs.update({name: b for name, b in (("block_m", case.block_m), ("block_n", case.block_n)) if b})
     kwargs.update(features.kwargs(case, device))
     return kwargs
 
