@@ -17,7 +17,7 @@ EXPANSIONS = {None: tuple(DTYPES), "half": ("fp16", "bf16")}
 # q, k, v, out each sit in a buffer of their own; the layout says how (see cases/inputs.py):
 LAYOUTS = ("contiguous", "bthd", "gapped", "d_major", "mixed")
 DATA = ("randn", "large", "very_negative", "equal_scores", "explicit", "nan_input", "negative_first_keys",
-        "large_sums", "below_finite_masks")
+        "large_sums", "below_finite_masks", "gradient_sums")
 
 
 @dataclass(frozen=True)

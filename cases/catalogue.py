@@ -204,6 +204,20 @@ CATALOGUE = [
          gpu_only="size: 4 GiB per tensor, beyond the interpreter"),
     Case("long_cross_decode", point=('few_queries', 'nq_lt_nk'), why="decode-like: few queries, many keys, default tiles", B=2, H=4, Nq=3,
          Nk=4099, D=128, seed=39, gpu_only="size: the interpreter would take minutes", gpu_only_interpreted=True),
+    Case("backward_sums_over_key_blocks", point=('hundreds_of_key_blocks',),
+         why="the backward's dQ of each query is a sum over every key block (FlashAttention-2 adds each block's part "
+             "to it): kept in the input dtype across blocks, it drifts by a rounding a block. With every term of "
+             "one sign (data gradient_sums: no cancellation to hide in) and 65536 keys (512 blocks of 128), a bf16 "
+             "dQ summed in bf16 was 13 % off where fp32 sums stay within 0.3 % (fp16 too, with 64-key blocks). The "
+             "forward is an ordinary one over many keys",
+         Nq=16, Nk=65536, D=16, data="gradient_sums", seed=81,
+         gpu_only="size: the interpreter would take minutes", gpu_only_interpreted=True),
+    Case("backward_sums_over_query_blocks", point=('hundreds_of_query_blocks',),
+         why="the backward's dK and dV of each key are sums over every query block (FlashAttention-2 keeps them "
+             "in registers across its loop over query blocks): kept in the input dtype, they drift by a rounding "
+             "a block; every term of one sign (data gradient_sums), 65536 queries (512 blocks of 128)",
+         Nq=65536, Nk=16, D=16, data="gradient_sums", seed=82,
+         gpu_only="size: the interpreter would take minutes", gpu_only_interpreted=True),
     Case("split_kv_decode", point=('lengths',), why="decode (16 queries, 769 keys, B*H = 2): a split-KV kernel splits the keys, "
          "e.g. [0, 256) .. [768, 769): overlapping or dropped keys, or a wrongly weighted combine", H=2, Nq=16,
          Nk=769, D=32, seed=65),

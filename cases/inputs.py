@@ -184,6 +184,19 @@ def values(case, device="cpu"):
             q[..., 0] = D ** 0.5 / 4
             v = v + c
             v[..., 0] = c * (1 + k[..., 0] / 4)
+        elif case.data == "gradient_sums":
+            # every gradient a sum of terms of one sign (no cancellation), so that a sum a kernel keeps in the
+            # input dtype across blocks drifts by its roundings while a correct one (fp32 sums) stays within a few
+            # roundings of the total: q > 0; v as drawn, x_j = sum_d v_jd / sqrt(Dv); every column of key j is
+            # gamma x_j (scaled scores within about +-1.5, so the weights differ by e^3 and the forward
+            # discriminates); with dO_i = c_i (1, ..., 1), c_i > 0 (backward.output_gradient), dP_ij = c_i sqrt(Dv) x_j,
+            # so dS_ij = P_ij c_i sqrt(Dv) (x_j - xbar_i): dV_j = sum_i P_ij c_i > 0; dK_j = scale sum_i dS_ij q_i,
+            # whose terms share x_j - xbar_i's sign (xbar_i barely moves with i); dQ_i = scale gamma c_i sqrt(Dv)
+            # sum_j P_ij (x_j - xbar_i) x_j, whose terms are >= 0 but where 0 < x_j < xbar_i (a few)
+            q = 1.0 + 0.25 * q.abs()
+            x = v[..., :1].clone()
+            v = x * (1.0 + 0.1 * v)
+            k = (0.5 / D ** 0.5) * x.expand(B, Hkv, Nk, D).clone()
         elif case.data == "below_finite_masks":
             # every score far below the finite values kernels mask with in place of -inf (-1e4, -65504, -1e9): the
             # first column makes it -top^2 (1 - r j / (Nk - 1)) for key j, the others add about +-sqrt(D). At

@@ -43,6 +43,8 @@ POINTS = {
     "many_key_blocks": (lambda e, c: c.Nk >= 128, "many key blocks (Nk >= 128)"),
     "long_rows": (lambda e, c: c.Nk >= 4096, "thousands of keys (Nk >= 4096)"),
     "queries_past_128": (lambda e, c: c.Nq > 128, "more queries than a 128-row block"),
+    "hundreds_of_key_blocks": (lambda e, c: c.Nk >= 32768, "hundreds of key blocks of any tile (Nk >= 32768)"),
+    "hundreds_of_query_blocks": (lambda e, c: c.Nq >= 32768, "hundreds of query blocks of any tile (Nq >= 32768)"),
     "causal": (lambda e, c: c.causal, "a causal mask"),
     "sees_no_key": (lambda e, c: c.causal and c.Nq > c.Nk, "causal rows that see no key (Nq > Nk)"),
     "whole_blocks_see_no_key": (lambda e, c: c.causal and c.Nq - c.Nk >= 64,

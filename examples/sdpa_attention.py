@@ -28,6 +28,11 @@ Where SDPA differs from the protocol, the wrapper bridges the difference instead
     one was (NaN gradients where the gaps hold NaN, off by about 2 where they hold zeros); the flash and
     memory-efficient backends are right (docs/found-bugs.md, row 17). The wrapper hands SDPA's backward a
     contiguous copy of dO (_contiguous_grad).
+  * The backward on the CPU (torch 2.13.0+cpu): in fp16 and bf16, SDPA's CPU flash kernel's dK and dV drift with the
+    number of query blocks they are summed over; at 65536 queries (backward_sums_over_query_blocks) they were 11 to
+    43 times as far from float64 as the math backend's, which is as close as plain matmul-softmax-matmul autograd
+    (docs/found-bugs.md, row 18). The wrapper sends fp16/bf16 calls on the CPU whose gradients are wanted to the
+    math backend (_cpu_half_backward); the CPU forward stays SDPA's own choice.
 Everything else matches: q (B, H, Nq, D), k and v (B, H, Nk, D), any strides, scale defaulting to
 1/sqrt(D), the output in q's dtype. Two of protocol v3's features are SDPA's own: grouped-query heads (k and v
 with Hkv heads, H a multiple of Hkv: SDPA's enable_gqa=True, torch >= 2.5, the protocol's head map h // (H // Hkv))
@@ -51,7 +56,7 @@ def attention(q, k, v, *, causal=False, scale=None):
     # any strides.
     q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
     backends = (sdpa_kernel(SDPBackend.MATH) if (scale is not None and scale <= 0) or _huge_scores(q, k, scale)
-                else contextlib.nullcontext())
+                or _cpu_half_backward(q, k, v) else contextlib.nullcontext())
     # grouped-query heads: SDPA's enable_gqa (only when the head counts differ: torch < 2.5 has no such keyword)
     gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
     with backends:
@@ -80,6 +85,13 @@ class _ContiguousGrad(torch.autograd.Function):
 
 def _contiguous_grad(out):
     return _ContiguousGrad.apply(out) if out.requires_grad else out
+
+
+def _cpu_half_backward(q, k, v):
+    """Whether this is an fp16/bf16 call on the CPU whose gradients will be asked for: SDPA's CPU flash kernel's
+    backward drifts with the number of query blocks there (found-bugs row 18), the math backend's does not."""
+    return (q.device.type == "cpu" and q.dtype in (torch.float16, torch.bfloat16) and torch.is_grad_enabled()
+            and any(t.requires_grad for t in (q, k, v)))
 
 
 def _huge_scores(q, k, scale):

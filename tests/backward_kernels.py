@@ -50,6 +50,12 @@ class _Attention(torch.autograd.Function):
         ds = p * (dp - di) if bug != "no_rowsum_term" else p * dp
         dq = torch.matmul(ds, kx) * (scale if bug != "dq_unscaled" else 1.0)
         dkx = torch.matmul(ds.transpose(-1, -2), q.float()) * scale
+        if bug == "dq_summed_in_dtype":     # each key block's part of dQ added to a sum kept in q's dtype
+            dq = _blocked(lambda j: torch.matmul(ds[..., j], kx[..., j, :]) * scale, kx.shape[-2], q.dtype)
+        if bug == "dkv_summed_in_dtype":    # each query block's part of dK and dV added to sums kept in k's dtype
+            dkx = _blocked(lambda i: torch.matmul(ds[..., i, :].transpose(-1, -2), q.float()[..., i, :]) * scale,
+                           q.shape[-2], k.dtype)
+            dvx = _blocked(lambda i: torch.matmul(p[..., i, :].transpose(-1, -2), do[..., i, :]), q.shape[-2], v.dtype)
         B, Hkv, Nk, _ = k.shape
 
         def fold(x):                        # the query heads of a group onto their kv head
@@ -59,6 +65,15 @@ class _Attention(torch.autograd.Function):
         if bug == "dv_from_transposed_heads" and Hkv > 1:
             dv = dv.flip(1)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+
+
+def _blocked(part, n, dtype, block=128):
+    """The sum over blocks of `block` rows of part(rows), kept in `dtype` between blocks (fp32 within each)."""
+    total = None
+    for start in range(0, n, block):
+        x = part(slice(start, min(start + block, n))).to(dtype)
+        total = x if total is None else total + x
+    return total.float()
 
 
 def correct(q, k, v, *, causal=False, scale=None):
@@ -96,6 +111,9 @@ rowsum_of_dp = _buggy("rowsum_of_dp", "D_i = rowsum(dP) instead of rowsum(dO * O
 gqa_first_head_only = _buggy("gqa_first_head_only", "dK and dV of a kv head from the first query head of its group "
                                                     "only, not summed over the group")
 dv_from_transposed_heads = _buggy("dv_from_transposed_heads", "dV written to the kv heads in reverse order")
+dq_summed_in_dtype = _buggy("dq_summed_in_dtype", "dQ summed over key blocks of 128 in the input dtype (each block's part "
+                                                  "in fp32): right in fp32, off by a rounding a block in fp16 and bf16")
+dkv_summed_in_dtype = _buggy("dkv_summed_in_dtype", "dK and dV summed over query blocks of 128 in the input dtype")
 backward_top_left_causal = _buggy("backward_top_left_causal", "the forward's causal mask bottom-right, the backward's "
                                                               "(P recomputed from q and k) top-left: equal when "
                                                               "Nq == Nk, wrong gradients otherwise")

@@ -200,3 +200,25 @@ def test_a_backward_that_mixes_sequences_fails():
     first = bad.failures[0].verdict.failures[0]
     assert str(first.kind) == "gradient" and first.message.startswith("sequence ") \
         and ("backward: dk:" in first.message or "backward: dv:" in first.message), first.line()
+
+
+SUMS = "backward_sums_over_key_blocks,backward_sums_over_query_blocks"
+
+
+def test_gradients_summed_across_blocks_in_the_input_dtype_fail():
+    """dQ summed over key blocks of 128 in bf16, and dK, dV summed over query blocks in fp16 and bf16, fail the
+    entries whose gradients are sums of one sign over 512 blocks (data gradient_sums); kernels that sum in fp32 pass
+    them in every dtype: the FlashAttention-2 roundings, plain autograd of scores rounded to the dtype, fp32 inside.
+    Before the entries, a bf16 dQ summed in bf16 over 1024 blocks of 16 keys passed the whole catalogue (an
+    independent check's kernel)."""
+    for kernel in (bk.correct, bk.fa2_rounding, bk.prescaled_half_scores):
+        report = _verify(kernel, only=SUMS, dtypes="fp32,fp16,bf16")
+        assert report.exit_code == 0 and len(report.results) == 6, str(report)
+    failed = {f.verdict.case.name: f.verdict.failures[0] for f in _verify(bk.dq_summed_in_dtype, only=SUMS,
+                                                                          dtypes="fp16,bf16").failures}
+    assert set(failed) == {"backward_sums_over_key_blocks[bf16]"}, failed
+    assert failed["backward_sums_over_key_blocks[bf16]"].message.startswith("backward: dq:")
+    failed = {f.verdict.case.name: f.verdict.failures[0] for f in _verify(bk.dkv_summed_in_dtype, only=SUMS,
+                                                                          dtypes="fp16,bf16").failures}
+    assert set(failed) == {"backward_sums_over_query_blocks[fp16]", "backward_sums_over_query_blocks[bf16]"}, failed
+    assert all(f.message.startswith(("backward: dk:", "backward: dv:")) for f in failed.values()), failed
