@@ -380,6 +380,11 @@ PACKED = [
          why="GQA (6 on 2), a sliding window (8, 0) and softcap 5 in packed sequences of different lengths: the "
              "features' offsets count inside each sequence",
          H=6, Hkv=2, D=16, window=(8, 0), softcap=5.0, seqlens=((9, 30), (30, 9), (0, 7), (17, 17)), seed=129),
+    Case("varlen_alibi_batch_heads_softcap",
+         why="ALiBi slopes per (sequence, head) with softcap 5 in packed sequences of different lengths: each "
+             "sequence reads its own row of the (B, H) slopes and its own bottom-right distances, the cap before the "
+             "bias (no packed entry had ALiBi: a kernel that took row 0 for every sequence passed them all)",
+         H=3, D=16, alibi="batch_heads", softcap=5.0, seqlens=((20, 53), (7, 7), (0, 5), (13, 30)), seed=131),
     Case("paged_page_size_1",
          why="a paged cache of one-slot pages (every key its own page, the pages shuffled in a pool three times "
              "larger, unused pages NaN): the block-table lookup for every key",
@@ -405,6 +410,11 @@ PACKED = [
              "own Nk - Nq, not the longest cache's (no paged entry had a window, and the dense window entries "
              "replay as sequences of equal lengths)",
          H=2, D=16, window=(7, 2), seqlens=((4, 30), (4, 11), (4, 5), (4, 19)), page_size=5, seed=137),
+    Case("paged_alibi_batch_heads_softcap",
+         why="ALiBi slopes per (sequence, head) with softcap 5 over paged caches of different lengths: each "
+             "sequence's own slopes row and its own Nk - Nq for the distances",
+         H=3, D=16, alibi="batch_heads", softcap=5.0, seqlens=((4, 30), (4, 11), (4, 5), (4, 19)), page_size=5,
+         seed=139),
     Case("paged_at_capacity",
          why="cache lengths that fill their last page to its last slot (32 and 48 keys in pages of 16): the bound "
              "of the last page is its size, not one less",

@@ -248,3 +248,16 @@ def lse_tokens_first(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale
     """Right, with its log-sum-exp laid out (total_q, H), as FlashInfer's is (--lse-layout tokens-first)."""
     res = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale, return_lse=return_lse)
     return (res[0], res[1].transpose(0, 1).contiguous()) if return_lse else res
+
+
+def fused_slopes_of_sequence_0(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
+                               causal=False, scale=None, window=None, softcap=None, alibi_slopes=None):
+    """The project's fused varlen kernel handed the (B, H) ALiBi slopes of sequence 0 for every sequence (a
+    launcher that drops the slopes' batch stride): right for (H,) slopes, wrong for per-sequence ones."""
+    from flashcheck.kernel import fused
+
+    if alibi_slopes is not None and alibi_slopes.dim() == 2:
+        alibi_slopes = alibi_slopes[:1].expand_as(alibi_slopes)
+    return fused.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                  max_seqlen_k=max_seqlen_k, causal=causal, scale=scale, window=window,
+                                  softcap=softcap, alibi_slopes=alibi_slopes)

@@ -9,7 +9,9 @@ from flashcheck.cases import catalogue
 from flashcheck.cases.errors import UsageError
 from tests import packed_kernels as pk
 
-PACKED = ",".join(sorted(catalogue.PACKED_NAMES - {"varlen_gqa_window_softcap", "paged_window"}))   # no window=
+# the packed entries without keyword features (the example kernels take no window=, softcap= or alibi_slopes=)
+PACKED = ",".join(sorted(n for n in catalogue.PACKED_NAMES
+                         if (lambda c: c.window is None and c.softcap is None and c.alibi is None)(catalogue.get(n))))
 DENSE = "hand_one_query_two_keys,causal_nq_gt_nk,partial_last_key_block,gqa_groups_of_three,dv_larger_odd_causal"
 
 
@@ -171,3 +173,18 @@ def test_a_varlen_lse_laid_out_tokens_first_is_declared():
     assert undeclared.exit_code == 1 and "--lse-layout tokens-first" in str(undeclared), str(undeclared)
     declared = _verify(pk.lse_tokens_first, only, lse_layout="tokens-first")
     assert declared.exit_code == 0 and {r.status for r in declared.results} == {"pass"}, str(declared)
+
+
+def test_the_packed_alibi_entries_take_each_sequences_own_slopes():
+    """No packed entry had ALiBi: a varlen kernel that read sequence 0's slopes for every sequence passed all of
+    them (an independent check's kernel). The packed ALiBi entries (with softcap, whose order before the bias they
+    also hold) fail it naming the sequence; the project's fused varlen kernel passes them."""
+    only = "varlen_alibi_batch_heads_softcap,paged_alibi_batch_heads_softcap"
+    from flashcheck.kernel import fused
+
+    good = _verify(fused.attention_varlen, only)
+    assert good.exit_code == 0 and {r.status for r in good.results} == {"pass"}, str(good)
+    bad = _verify(pk.fused_slopes_of_sequence_0, only)
+    assert {r.case.name for r in bad.failures} == {"varlen_alibi_batch_heads_softcap[fp32]",
+                                                   "paged_alibi_batch_heads_softcap[fp32]"}, str(bad)
+    assert all(f.verdict.failures[0].message.startswith("sequence ") for f in bad.failures), str(bad)
