@@ -92,9 +92,9 @@ def as_declared(kernel, conventions):
     (--lse-layout tokens-first: its last two axes swapped back; --lse-base 2: times ln 2). The judgement, the
     references and every report then speak the protocol alone. The same callable and signature otherwise
     (Capabilities.of reads the kernel's own)."""
-    sized = getattr(conventions, "window_count", "distance") == "size"
-    swapped = getattr(conventions, "lse_layout", "heads-first") == "tokens-first"
-    base2 = getattr(conventions, "lse_base", "e") == "2"
+    sized = conventions.window_count == "size"
+    swapped = conventions.lse_layout == "tokens-first"
+    base2 = conventions.lse_base == "2"
     if not (sized or swapped or base2):
         return kernel
 
