@@ -187,12 +187,14 @@ def values(case, device="cpu"):
         elif case.data == "gradient_sums":
             # every gradient a sum of terms of one sign (no cancellation), so that a sum a kernel keeps in the
             # input dtype across blocks drifts by its roundings while a correct one (fp32 sums) stays within a few
-            # roundings of the total: q > 0; v as drawn, x_j = sum_d v_jd / sqrt(Dv); every column of key j is
-            # gamma x_j (scaled scores within about +-1.5, so the weights differ by e^3 and the forward
-            # discriminates); with dO_i = c_i (1, ..., 1), c_i > 0 (backward.output_gradient), dP_ij = c_i sqrt(Dv) x_j,
-            # so dS_ij = P_ij c_i sqrt(Dv) (x_j - xbar_i): dV_j = sum_i P_ij c_i > 0; dK_j = scale sum_i dS_ij q_i,
-            # whose terms share x_j - xbar_i's sign (xbar_i barely moves with i); dQ_i = scale gamma c_i sqrt(Dv)
-            # sum_j P_ij (x_j - xbar_i) x_j, whose terms are >= 0 but where 0 < x_j < xbar_i (a few)
+            # roundings of the total: q > 0; x_j standard normal and every column of value j x_j (1 + 0.1 r), so of
+            # x_j's sign, and every column of key j gamma x_j (gamma = 0.5 / sqrt(D): scaled scores about 0.6 x_j,
+            # weights e^4 apart, so the forward discriminates). With dO_i = c_i (1, ..., 1), c_i > 0
+            # (backward.output_gradient): dP_ij = c_i y_j, y_j = sum_d v_jd of x_j's sign, and dS_ij = P_ij c_i
+            # (y_j - ybar_i); dV_j = sum_i P_ij c_i > 0; dK_j = scale sum_i dS_ij q_i, whose terms share y_j - ybar_i's
+            # sign (ybar_i barely moves with i); dQ_i = scale gamma c_i sum_j P_ij (y_j - ybar_i) x_j, whose terms are
+            # >= 0 but for keys with x_j between 0 and ybar_i's sign (a few). The bound's magnitudes are then the sums
+            # themselves (a drawn v's columns cancel inside dP: with them the floor came to 7 times |dQ|)
             q = 1.0 + 0.25 * q.abs()
             x = v[..., :1].clone()
             v = x * (1.0 + 0.1 * v)
