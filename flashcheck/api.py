@@ -139,9 +139,10 @@ def verify(fn, **options):
 
     options: the declarations (dtypes, head_dims, causal, causal_align, causal_same_length, same_length,
     seq_multiple, min_seq, max_seq, strides, fp32_scores, fused, gqa, dv, head_map, empty_lse, paged_q,
-    window_count, lse_layout, lse_base, nan_stays_in_row: as flashcheck.declare takes them; they override the kernel's own) and the options of a run:
-    only, keyword, exclude, cases, examples, seed, repeat, sanitize, properties, timeout, isolate, jobs (cases
-    judged at once, each in its own worker process; needs an importable kernel), max_failures, max_memory (bytes), json, junit, html, progress (default False here).
+    window_count, lse_layout, lse_base, nan_stays_in_row: as flashcheck.declare takes them; they override the
+    kernel's own) and the options of a run: only, keyword, exclude, cases, examples, seed, repeat, sanitize,
+    properties, timeout, isolate, jobs (cases judged at once, each in its own worker process; needs an importable
+    kernel), max_failures, max_memory (bytes), json, junit, html, progress (default False here).
     As on the command line, examples defaults to 25 with the whole catalogue and to 0 with only/keyword/cases.
 
     Raises UsageError (TargetError for the kernel) when the request cannot run; a run interrupted by Ctrl-C
