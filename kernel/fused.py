@@ -287,6 +287,23 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn, 
 
 
 @triton.jit
+def _fresh_state(BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, D_SPLIT: tl.constexpr,
+                 INPUT_PRECISION: tl.constexpr):
+    """The running state before any key: (acc, acc1, l, m, big) = 0, 0, 0, -inf, no row flagged; the
+    accumulators in fp64 under INPUT_PRECISION "fp64", else fp32."""
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    big = tl.zeros([BLOCK_M], dtype=tl.int1)
+    acc_dtype: tl.constexpr = tl.float64 if INPUT_PRECISION == "fp64" else tl.float32
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=acc_dtype)
+    if D_SPLIT:
+        acc1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=acc_dtype)
+    else:
+        acc1 = acc
+    return acc, acc1, l_i, m_i, big
+
+
+@triton.jit
 def _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, stride_vk, desc_k, desc_v, table,
                    page_size, stride_kp, stride_vp, off_b, off_hkv,
                    qk_scale, softcap, alibi, start_m, lead_lo, lead_hi, fast_lo, fast_hi, masked_lo, masked_hi, Nk,
@@ -304,19 +321,12 @@ def _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk, strid
     The kernel compiles with fp fusion on, so the first pass (EXACT False) scales and shifts each score in one
     fused multiply-add, which is only exact enough while the row max stays below 2^24 in magnitude (see the
     fast path); it marks the rows that reach it in big. _attn_fwd then runs the program's keys again with
-    EXACT True, whose product is rounded on its own: every score minus the row max is then exact at the max,
-    whatever the magnitude. No real workload reaches 2^24 (the scaled scores are log2 units), so the second
-    pass costs nothing there. H200, fp16/bf16, D = 64 and 128: fusion off everywhere ran 2 to 8 % slower.
-    fp32 "ieee" runs the exact pass alone (TWO_PASS False: see attention)."""
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    big = tl.zeros([BLOCK_M], dtype=tl.int1)
-    acc_dtype: tl.constexpr = tl.float64 if INPUT_PRECISION == "fp64" else tl.float32
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=acc_dtype)
-    if D_SPLIT:
-        acc1 = tl.zeros([BLOCK_M, BLOCK_D], dtype=acc_dtype)
-    else:
-        acc1 = acc
+    the product rounded on its own (one masked loop over them, not this function's two or three): every score
+    minus the row max is then exact at the max, whatever the magnitude. No real workload reaches 2^24 (the
+    scaled scores are log2 units), so the second pass costs nothing there. H200, fp16/bf16, D = 64 and 128:
+    fusion off everywhere ran 2 to 8 % slower. fp32 "ieee" runs the exact pass alone, this function with EXACT
+    True (TWO_PASS False: see attention)."""
+    acc, acc1, l_i, m_i, big = _fresh_state(BLOCK_M, BLOCK_D, BLOCK_DV, D_SPLIT, INPUT_PRECISION)
     if WINDOW_LEFT:
         acc, acc1, l_i, m_i, big = _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn,
                                                    stride_vn, stride_kk, stride_vk, desc_k, desc_v, table, page_size,
@@ -532,8 +542,10 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
         if WINDOW_LEFT:
             lead_lo, lead_hi = tl.maximum(lo, split_lo), tl.minimum(full_lo, split_hi)
             fast_lo = tl.maximum(full_lo, split_lo)
+        keys_lo, keys_hi = tl.maximum(lo, split_lo), tl.minimum(hi, split_hi)
     else:
         lead_lo, lead_hi, fast_lo, fast_hi, masked_lo, masked_hi = lo, full_lo, full_lo, full_hi, full_hi, hi
+        keys_lo, keys_hi = lo, hi
     if HAS_ALIBI:
         # one slope per (batch, query head: slopes of shape (Hq,) come with stride_az = 0), in the loop's log2
         # units. guards: mutants alibi_batch_slopes_ignored, alibi_natural_units
@@ -551,17 +563,23 @@ def _attn_fwd(Q, K, V, Out, Lse, qk_scale,
     if TWO_PASS:
         if tl.max(big.to(tl.int32), 0) > 0:
             # Some row's max reached 2^24: the fused pass is not exact enough there (see _attn_fwd_keys), so the
-            # whole program runs its keys again with the product rounded on its own. guards: mutants
-            # exact_pass_never, exact_pass_fused (GPU); cases huge_scores[fp16], extreme_scores_bf16
-            acc, acc1, l_i, m_i, big = _attn_fwd_keys(q, q1, k_ptrs, v_ptrs, stride_kn, stride_vn, stride_kk,
-                                                      stride_vk, DescK, DescV, table, page_size, stride_kz,
-                                                      stride_vz, off_b, off_hkv, qk_scale, softcap,
-                                                      alibi, start_m, lead_lo, lead_hi, fast_lo, fast_hi,
-                                                      masked_lo, masked_hi, Nk, causal_shift, left_shift,
-                                                      right_shift, BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, BLOCK_DV,
-                                                      HEAD_DIM_V, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP,
-                                                      HAS_ALIBI, NEGATIVE_SCALE, INPUT_PRECISION, USE_TMA, D_SPLIT,
-                                                      Q_IN_LOOP, True, MUL_RN, PAGED)
+            # whole program runs its keys [keys_lo, keys_hi) again with the product rounded on its own. One masked
+            # loop (on a block every row sees whole its masks keep every key): no workload reaches this pass, so it
+            # need not be fast, and a second copy of the fast and masked loops made the kernel's largest code longer
+            # (LLVM's and ptxas's time grow with it: 40 of the GPU suite's fp16/bf16 specialisations compiled for
+            # sm_90 in 70.6 s of CPU with that copy and 56.3 s with this loop under triton 3.6, 45.4 and 31.7 s for
+            # 30 of them under 3.9). Here the score mask's select stands between the product and the subtraction
+            # as well. guards: mutant exact_pass_never (GPU); cases huge_scores[fp16], extreme_scores_bf16
+            acc, acc1, l_i, m_i, big = _fresh_state(BLOCK_M, BLOCK_D, BLOCK_DV, D_SPLIT, INPUT_PRECISION)
+            acc, acc1, l_i, m_i, big = _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn,
+                                                       stride_vn, stride_kk, stride_vk, DescK, DescV, table,
+                                                       page_size, stride_kz, stride_vz, off_b, off_hkv, qk_scale,
+                                                       softcap, alibi, start_m, keys_lo, keys_hi, Nk, causal_shift,
+                                                       left_shift, right_shift, BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM,
+                                                       BLOCK_DV, HEAD_DIM_V, True, IS_CAUSAL, WINDOW_LEFT,
+                                                       WINDOW_RIGHT, SOFTCAP, HAS_ALIBI, NEGATIVE_SCALE,
+                                                       INPUT_PRECISION, USE_TMA, D_SPLIT, Q_IN_LOOP, True, MUL_RN,
+                                                       PAGED)
     # The store is masked by ROW (< Nq) and head-dim column (< Dv): the last query block may be partial.
     # guards: mutants store_no_row_mask, store_row_mask_off_by_one; case partial_last_query_block
     o_mask = (offs_m[:, None] < Nq) & (offs_dv[None, :] < HEAD_DIM_V)

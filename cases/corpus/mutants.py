@@ -315,12 +315,11 @@ _PASS_NQ = (("start_m, lo, hi, Nk, causal_shift,", "start_m, lo, hi, Nk, Nq, cau
             ("start_m, lead_lo, lead_hi, Nk,", "start_m, lead_lo, lead_hi, Nk, Nq,"),
             ("start_m, fast_lo, fast_hi, Nk,", "start_m, fast_lo, fast_hi, Nk, Nq,"),
             ("start_m, masked_lo, masked_hi, Nk,", "start_m, masked_lo, masked_hi, Nk, Nq,"),
+            ("start_m, keys_lo, keys_hi, Nk,", "start_m, keys_lo, keys_hi, Nk, Nq,"),
             ("masked_lo, masked_hi, Nk,\n" + " " * 19 + "causal_shift,",
              "masked_lo, masked_hi, Nk, Nq,\n" + " " * 19 + "causal_shift,"),
             ("masked_lo, masked_hi, Nk,\n" + " " * 46 + "causal_shift,",
-             "masked_lo, masked_hi, Nk, Nq,\n" + " " * 46 + "causal_shift,"),
-            ("masked_lo, masked_hi, Nk, causal_shift, left_shift,",
-             "masked_lo, masked_hi, Nk, Nq, causal_shift, left_shift,"))
+             "masked_lo, masked_hi, Nk, Nq,\n" + " " * 46 + "causal_shift,"))
 
 MUTANTS = [
     # --- masks and sentinels -------------------------------------------------------------------------
@@ -495,10 +494,11 @@ MUTANTS = [
     Mutant("exact_pass_fused", "fused",
            "        x = libdevice.mul_rn(qk, qk_scale)", "        x = qk * qk_scale",
            "the exact pass multiplies like the fused one: without a product rounded on its own, the compiler "
-           "fuses it with the subtraction of the row max again, and the second pass repeats the first one's "
-           "overflow",
+           "fuses it with the subtraction of the row max again, and fp32's one pass overflows like a fused one "
+           "(fp16 and bf16 rerun their keys in the masked loop, where the score mask's select already stands "
+           "between the multiply and the subtraction: there the GPU computes the same either way)",
            _OTHER + " (fp contraction: a plain multiply followed by a subtraction becomes one fused multiply-add)",
-           ("huge_scores[fp16]", "extreme_scores_fp32", "extreme_scores_bf16"),
+           ("extreme_scores_fp32",),
            gpu_only="the interpreter computes in NumPy, which never fuses a multiply and an add"),
     Mutant("big_rows_final_max_only", "fused",
            "big = big | (tl.abs(m_shift) >= 16777216.0)", "big = tl.abs(m_shift) >= 16777216.0",
