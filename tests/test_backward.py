@@ -59,6 +59,9 @@ def test_each_backward_bug_fails_naming_its_gradient(kernel, gradient, case):
     first = failed.verdict.failures[0]
     assert str(first.kind) == "gradient" and first.message.startswith(f"backward: {gradient}:"), first.line()
     assert first.where is not None and first.got is not None and first.expected is not None
+    # dK and dV have K's shape: their element is named as a kv head's key, dQ's as a query head's row
+    named = "(b=0, kv_head=" if gradient in ("dk", "dv") else "(b=0, h="
+    assert f"gradient at {named}" in first.line() and ("key=" in first.line()) == (gradient != "dq"), first.line()
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])

@@ -140,16 +140,22 @@ class Failure:
     expected: float = None
     tol: float = None
     location: str = ""        # file:line where the kernel raised (exceptions)
+    axes: tuple = None        # the names of where's four axes, when not (b, h, row, col): dK's are a kv head's keys
 
     def __post_init__(self):
         self.kind = Kind(self.kind)
 
+    def element(self, sep=", "):
+        """"b=0, h=1, row=2, col=3" of where (its axes' own names), without the col for an lse: an lse has one
+        value per row (the col of its where is always 0)."""
+        names = self.axes or ("b", "h", "row", "col")
+        parts = [f"{n}={x}" for n, x in zip(names, self.where)]
+        return sep.join(parts[:3] if self.kind == Kind.LSE else parts)
+
     def line(self):
         s = f"{self.kind}"
         if self.where is not None:
-            b, h, i, d = self.where
-            # an lse has one value per row: its element is the row (the col of its where is always 0)
-            s += f" at (b={b}, h={h}, row={i})" if self.kind == Kind.LSE else f" at (b={b}, h={h}, row={i}, col={d})"
+            s += f" at ({self.element()})"
         if self.got is not None and self.expected is None:
             s += f": got {self.got:.7g}"           # no expected value at hand (a relation's base run, say)
         elif self.got is not None:

@@ -86,8 +86,7 @@ def _element(failure):
     """"(b, h, row, col) got .. expected .." of a failure, or its message when it has no element."""
     if failure.where is None:
         return failure.message
-    b, h, i, d = failure.where
-    s = f"b={b} h={h} row={i}" + ("" if str(failure.kind) == "lse" else f" col={d}")
+    s = failure.element(sep=" ")
     if failure.got is not None:
         s += f": got {failure.got:.6g}" + ("" if failure.expected is None else f", expected {failure.expected:.6g}")
     return s
