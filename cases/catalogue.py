@@ -193,6 +193,10 @@ CATALOGUE = [
          "kernel scaling q per tensor or per block spreads the NaN and is right by the protocol)",
          Nq=20, Nk=24, D=16, data="nan_input", seed=36),
     Case("empty_queries", point=('empty_queries',), why="Nq = 0 is legal and gives an empty output", Nq=0, Nk=8, D=16, seed=37),
+    Case("empty_queries_causal", point=('empty_queries', 'causal'),
+         why="Nq = 0 under the causal mask is legal too: no row exists, so a bound taken from the rows (the first "
+             "row's diagonal, a max or min over no rows) must not be needed",
+         Nq=0, Nk=8, D=16, causal=True, seed=140),
     Case("long_sequence", point=('causal',), why="a realistic size: many programs and key blocks with the default tiles",
          B=2, H=4, Nq=1024, Nk=1024, D=64, causal=True, seed=38,
          gpu_only="size: the interpreter would take minutes"),
@@ -300,6 +304,11 @@ CATALOGUE = [
     Case("window_with_causal", point=("nq_lt_nk",),
          why="window (8, 5) with causal=True: causal sets the right side to 0 (bottom-right), whatever window says",
          Nq=30, Nk=61, D=32, causal=True, window=(8, 5), seed=93),
+    Case("window_left_edge_on_a_block_end", point=("lengths",),
+         why="window (72, 0) with Nq = 4, Nk = 203: row 0's first key is 127, the last key of a block of 16, 32, 64 "
+             "or 128, and each later row starts one key on: a first block found from the first key plus one, or a "
+             "block skipped when its last key is the only one a row sees, drops that key",
+         Nq=4, Nk=203, D=16, window=(72, 0), seed=141),
     Case("softcap_tanh_region", point=("several_key_blocks",),
          why="softcap 1 on scores of about +-1e4 (scaled: hundreds, far past 88 c): c tanh(s / c) saturates; tanh "
              "written as (e^2x - 1) / (e^2x + 1) gives inf / inf = NaN, (s / c) tanh(s / c) is no cap",

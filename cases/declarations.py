@@ -145,6 +145,9 @@ FIELDS = (
     Field("min_seq", "--min-seq", _positive("min_seq", 0), 0, "shortest supported Nq and Nk (e.g. 1: no Nq = 0)",
           "N", str),
     Field("max_seq", "--max-seq", _positive("max_seq", 1), None, "longest supported Nq and Nk", "N", str),
+    Field("max_seq_q", "--max-seq-q", _positive("max_seq_q", 1), None,
+          "longest supported Nq alone (a decode kernel: e.g. 1 or 16 queries against any number of keys); the "
+          "catalogue's entries are projected onto it where their point survives", "N", str),
     Field("strides", "--strides", _choice("strides", STRIDES), "any",
           "the strides the kernel accepts: any (the protocol), last-dim-contiguous (unit stride along D), aligned "
           "(unit stride along D, every other stride a multiple of 16 bytes: what TMA and vectorised loads need) or "
@@ -214,6 +217,7 @@ class Declarations:
     seq_multiple: int = 1
     min_seq: int = 0
     max_seq: int = None
+    max_seq_q: int = None
     strides: str = "any"
     fp32_scores: bool = False
     fused: bool = False
@@ -274,6 +278,18 @@ class Declarations:
         if self.max_seq is not None and self.seq_multiple > self.max_seq:
             raise DeclarationError(f"--seq-multiple {self.seq_multiple} > --max-seq {self.max_seq}: only "
                                    "empty sequences would be supported")
+        if self.max_seq_q is not None and self.min_seq > self.max_seq_q:
+            raise DeclarationError(f"--min-seq {self.min_seq} > --max-seq-q {self.max_seq_q}: no query length is "
+                                   "supported")
+        if self.max_seq_q is not None and self.seq_multiple > self.max_seq_q:
+            raise DeclarationError(f"--seq-multiple {self.seq_multiple} > --max-seq-q {self.max_seq_q}: only "
+                                   "empty query sequences would be supported")
+
+    def longest(self, axis):
+        """The longest supported length of axis "Nq" or "Nk" (None: no limit): --max-seq bounds both, --max-seq-q
+        the queries alone."""
+        caps = [n for n in (self.max_seq, self.max_seq_q if axis == "Nq" else None) if n is not None]
+        return min(caps) if caps else None
 
     def flags(self):
         """The declarations as command-line flags (those that differ from the defaults)."""
@@ -335,6 +351,8 @@ class Declarations:
                     why.append(f"{name} = {n}{at} < --min-seq {self.min_seq}")
                 elif self.max_seq is not None and n > self.max_seq:
                     why.append(f"{name} = {n}{at} > --max-seq {self.max_seq}")
+                elif name == "Nq" and self.max_seq_q is not None and n > self.max_seq_q:
+                    why.append(f"Nq = {n}{at} > --max-seq-q {self.max_seq_q}")
                 elif n % self.seq_multiple:
                     why.append(f"{name} = {n}{at} not a multiple of --seq-multiple {self.seq_multiple}")
         if case.layout not in self.layouts():

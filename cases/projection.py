@@ -80,12 +80,13 @@ def kept(entry, case):
     return [POINTS[p][1] for p in entry.point if not POINTS[p][0](entry, case)]
 
 
-def _fit(decl, n, up=True):
-    """A length the declarations admit, nearest to n (rounded up to the multiple unless up=False): None if none."""
+def _fit(decl, n, up=True, axis="Nk"):
+    """A length of axis Nq or Nk the declarations admit, nearest to n (rounded up to the multiple unless up=False):
+    None if none."""
     m = decl.seq_multiple
     if n == 0:
         return 0 if decl.min_seq == 0 else None
-    lo, hi = max(decl.min_seq, 1), decl.max_seq
+    lo, hi = max(decl.min_seq, 1), decl.longest(axis)
     n = max(n, lo)
     n = -(-n // m) * m if up else max(n // m * m, m)
     if hi is not None and n > hi:
@@ -96,28 +97,32 @@ def _fit(decl, n, up=True):
 def _length_pairs(case, decl):
     """Candidate (Nq, Nk), nearest first: each rounded to the declared multiple and clamped, their order kept (the
     larger one a multiple further when rounding made them equal); made equal when the kernel needs Nq == Nk (the
-    larger first, then the smaller)."""
+    larger first, then the smaller). Where the queries are capped on their own (--max-seq-q), also Nq clamped with
+    Nk moved by as much, which keeps the causal diagonal's offset Nk - Nq (a square causal case stays square)."""
     m = decl.seq_multiple
     equal = decl.same_length or (decl.causal_same_length and case.causal)
     out = []
     if equal:
         for n in (max(case.Nq, case.Nk), min(case.Nq, case.Nk)):
             for up in (True, False):
-                f = _fit(decl, n, up)
+                f = _fit(decl, n, up, "Nq")
                 if f:
                     out.append((f, f))
         return list(dict.fromkeys(out))
     for up in (True, False):
-        q, k = _fit(decl, case.Nq, up), _fit(decl, case.Nk, up)
+        q, k = _fit(decl, case.Nq, up, "Nq"), _fit(decl, case.Nk, up)
         if q is None or k is None:
             continue
         if case.Nq < case.Nk and q >= k:
             k = q + m
         elif case.Nq > case.Nk and q <= k:
             q = k + m
-        if decl.max_seq is not None and max(q, k) > decl.max_seq:
+        if (decl.longest("Nq") or q) < q or (decl.longest("Nk") or k) < k:
             continue
         out.append((q, k))
+        offset = case.Nk - case.Nq
+        if decl.max_seq_q is not None and q != case.Nq and _fit(decl, q + offset, up) == q + offset:
+            out.append((q, q + offset))
     return list(dict.fromkeys(out))
 
 

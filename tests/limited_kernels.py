@@ -203,3 +203,54 @@ def chunked_keys_partial_chunk_dropped(q, k, v, *, causal=False, scale=None):
         acc = torch.matmul(p, vf[:, :, start:start + 4096]) + (0.0 if m is None else acc * c)
         m = m_new
     return (acc / l).to(q.dtype)
+
+
+DECODE_QUERIES = 8
+
+
+def _decode(q, k, v, causal, scale, window, chunk_skip_off_by_one):
+    """Decode attention over keys in chunks of 16, chunks left of every row's window skipped (the float32 scores
+    of the chunks kept are softmaxed together): at most DECODE_QUERIES queries, like a decode kernel's documented
+    limit. chunk_skip_off_by_one: the first chunk kept is found as (lo + 1) // 16, so a chunk whose last key is the
+    first one a row's window sees is skipped with it."""
+    import flashcheck
+
+    B, H, Nq, D = q.shape
+    if Nq > DECODE_QUERIES:
+        raise flashcheck.Unsupported(f"decode: at most {DECODE_QUERIES} queries, got {Nq}")
+    Nk = k.shape[2]
+    scale = 1.0 / D ** 0.5 if scale is None else scale
+    group = H // k.shape[1]
+    kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
+    rows = torch.arange(Nq).view(-1, 1) + (Nk - Nq)            # each row's diagonal key (bottom-right)
+    cols = torch.arange(Nk).view(1, -1)
+    left, right = window if window is not None else (None, None)
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    sees = torch.ones(Nq, Nk, dtype=torch.bool)
+    if left is not None:
+        sees &= cols >= rows - left
+    if right is not None:
+        sees &= cols <= rows + right
+    first = 0
+    if left is not None and Nq:
+        lo = max(int(rows.min()) - left, 0)
+        first = ((lo + 1) if chunk_skip_off_by_one else lo) // 16 * 16
+    s = torch.matmul(q.float(), kf[:, :, first:].transpose(-1, -2)) * scale
+    s = s.masked_fill(~sees[:, first:].to(q.device), float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - torch.where(torch.isinf(m), torch.zeros_like(m), m))
+    l = p.sum(-1, keepdim=True)
+    out = torch.matmul(p, vf[:, :, first:]) / torch.where(l > 0, l, torch.ones_like(l))
+    return out.to(q.dtype)
+
+
+def decode_only(q, k, v, *, causal=False, scale=None, window=None):
+    """Right for up to DECODE_QUERIES queries, which is all it takes (flashcheck.Unsupported past them)."""
+    return _decode(q, k, v, causal, scale, window, False)
+
+
+def decode_window_chunk_skipped(q, k, v, *, causal=False, scale=None, window=None):
+    """decode_only with its first chunk found one key too far: wrong wherever a row's window starts on the last key
+    of a chunk of 16 (Nq = 1, Nk = 40, window (8, 0): its keys are 31..39, and chunk 16..31 is skipped)."""
+    return _decode(q, k, v, causal, scale, window, True)

@@ -423,3 +423,29 @@ def test_a_cuda_error_reported_after_the_kernel_calls_is_a_device_fault_of_that_
         def call(self, *args, **kwargs):
             raise Raised(f'  File "judging.py", line 75, in judge_case\ntorch.AcceleratorError: {text}')
     assert engine.judge(Runner(), case, settings).kind == Kind.DEVICE_FAULT
+
+
+def test_a_decode_kernels_query_limit_is_declared_and_the_catalogue_projected_onto_it(tmp_path):
+    """A decode kernel takes a few queries against any number of keys (tests/limited_kernels.py: at most 8). Undeclared,
+    every entry with more queries is only "unsupported"; declared with --max-seq-q 8, the entries are projected onto
+    8 queries or fewer where their point survives (a square causal or windowed case keeps its diagonal offset), and
+    judged. A chunk skip off by one at the window's left edge, which an independent decode kernel had and verify
+    missed for want of both, then fails on window_left_edge_on_a_block_end."""
+    selection = ("-k", "window,causal_square,empty", "--dtypes", "fp32", "--examples", "0")
+    undeclared, plain = _json(tmp_path, f"{LIMITED}:decode_only", *selection)
+    assert undeclared.returncode == 0, explain(undeclared)
+    declared, projected = _json(tmp_path, f"{LIMITED}:decode_only", "--max-seq-q", "8", *selection)
+    assert declared.returncode == 0, explain(declared)
+    unsupported = lambda report: sum(c["status"] == "unsupported" for c in report["cases"])  # noqa: E731
+    passed = lambda report: sum(c["status"] == "pass" for c in report["cases"])  # noqa: E731
+    assert unsupported(plain) >= 4 and unsupported(projected) == 0, (plain["summary"], projected["summary"])
+    assert passed(projected) > passed(plain), (plain["summary"], projected["summary"])
+    names = _by_name(projected)
+    assert "window_left_edge_on_a_block_end[fp32]" in names and "empty_queries_causal[fp32]" in names
+    assert any(n.startswith("window_wider_than_the_sequence[fp32, Nq=8") for n in names), sorted(names)
+    buggy, report = _json(tmp_path, f"{LIMITED}:decode_window_chunk_skipped", "--max-seq-q", "8", *selection)
+    assert buggy.returncode == 1, explain(buggy)
+    failed = {n for n, c in _by_name(report).items() if c["status"] == "fail"}
+    assert "window_left_edge_on_a_block_end[fp32]" in failed, failed
+    usage = verify(f"{LIMITED}:decode_only", "--max-seq-q", "8", "--seq-multiple", "16")
+    assert usage.returncode == 2 and "--seq-multiple 16 > --max-seq-q 8" in usage.stderr, explain(usage)

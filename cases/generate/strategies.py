@@ -233,9 +233,9 @@ def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("
             q_top = min(q_top, lim.max_macs // (Nk * D))
         Nq = min(Nq, max(lo_q, q_top))
     if decl is not None:
-        Nq, Nk = _fit(decl, Nq, lo_q), _fit(decl, Nk, 1)
+        Nq, Nk = _fit(decl, Nq, lo_q, "Nq"), _fit(decl, Nk, 1)
         if decl.same_length or (decl.causal_same_length and is_causal):
-            Nq = Nk = max(Nq, Nk)
+            Nq = Nk = _fit(decl, max(Nq, Nk), 1, "Nq")
     shape = Case(CASE_NAME, Nq=Nq, Nk=Nk, D=D, dtype=dtype, block_n=many_bn if many and pin_blocks else None)
     max_ms = lim.many_ms if many else lim.max_ms
 
@@ -316,7 +316,10 @@ def representative(decl, dtypes, backend, caps):
     if D is None:
         D = next(d for lo, hi in decl.head_dims for d in (lo, hi) if decl.head_dim_ok(d))
     n = _fit(decl, min(lim.max_len, 128 if backend == "gpu" else 48), 1)
-    m = _fit(decl, max(1, n - 17), 1) if not decl.same_length else n
+    nq = _fit(decl, n, 1, "Nq")          # the queries of a decode kernel (--max-seq-q) may be fewer
+    if decl.same_length:
+        n = nq
+    m = _fit(decl, max(1, n - 17), 1, "Nq") if not decl.same_length else n
     causal_ok = bool(decl.causal and caps.causal)
     pins = caps.blocks
     rng = random.Random(0)
@@ -332,26 +335,26 @@ def representative(decl, dtypes, backend, caps):
     tall = dict(block_m=32, block_n=16) if pins and backend != "gpu" else {}
 
     def common(dtype):
-        return [case(B=2, H=3, Nq=n, Nk=n, D=D, dtype=dtype),
+        return [case(B=2, H=3, Nq=nq, Nk=n, D=D, dtype=dtype),
                 case(B=1, H=2, Nq=m, Nk=n, D=D, dtype=dtype, causal=causal_ok,
                      layout="bthd" if "bthd" in decl.layouts() else "contiguous", **tall)]
 
     out = common(dtypes[0])
     half = next((d for d in dtypes if d != "fp32"), dtypes[0])
     few = not (decl.same_length or decl.causal_same_length)
-    decode_q, decode_k = _fit(decl, 16, 1), _fit(decl, 769, 1)
+    decode_q, decode_k = _fit(decl, 16, 1, "Nq"), _fit(decl, 769, 1)
     if few and decode_k >= 256 and decode_q < decode_k:
         out.append(case(H=2, Nq=decode_q, Nk=decode_k, D=_fit_dim(decl, 32), dtype=half, causal=causal_ok))
     # as many keys as the many-blocks draws' most: 256 blocks of 8 on the CPU, 512 of 16 on the GPU
     many_bn = lim.many_pins[0] if lim.many_pins else lim.default_block
     many_nk = _fit(decl, lim.many_blocks[-1] * many_bn + 1, 1) if lim.many_blocks else 0
     if few and many_nk > 1024:
-        out.append(case(Nq=_fit(decl, MANY_QUERIES, 1), Nk=many_nk, D=_fit_dim(decl, 16), dtype=half,
+        out.append(case(Nq=_fit(decl, MANY_QUERIES, 1, "Nq"), Nk=many_nk, D=_fit_dim(decl, 16), dtype=half,
                         block_n=many_bn if pins else None))
     big = dtypes[0]
     Dl = _fit_dim(decl, 32)
-    nq, nk = (_fit(decl, 130, 1),) * 2 if decl.same_length else (_fit(decl, 20, 1), _fit(decl, 130, 1))
-    out.append(case(H=2, Nq=nq, Nk=nk, D=Dl, dtype=big, data="large", magnitude=magnitude_cap(big, Dl),
+    lq, lk = (_fit(decl, 130, 1, "Nq"),) * 2 if decl.same_length else (_fit(decl, 20, 1, "Nq"), _fit(decl, 130, 1))
+    out.append(case(H=2, Nq=lq, Nk=lk, D=Dl, dtype=big, data="large", magnitude=magnitude_cap(big, Dl),
                     scale=-1.0 / math.sqrt(Dl) if caps.scale else None,
                     block_m=32 if pins else None, block_n=32 if pins else None))
     if len(dtypes) > 1:
@@ -380,16 +383,17 @@ def _fit_dim(decl, d):
     return min((x for x in range(1, 257) if decl.head_dim_ok(x)), key=lambda x: (abs(x - d), x))
 
 
-def _fit(decl, n, lo):
-    """The declared length nearest above n: a multiple of seq_multiple, within [min_seq, max_seq] (a zero
-    length stays zero where the declarations allow it and lo does)."""
+def _fit(decl, n, lo, axis="Nk"):
+    """The declared length of axis Nq or Nk nearest above n: a multiple of seq_multiple, within [min_seq, the
+    axis's longest] (a zero length stays zero where the declarations allow it and lo does)."""
     m = decl.seq_multiple
     if n == 0 and lo == 0 and decl.min_seq == 0:
         return 0
     n = max(n, lo, decl.min_seq, 1)
     n = -(-n // m) * m
-    if decl.max_seq is not None and n > decl.max_seq:
-        n = decl.max_seq // m * m
+    hi = decl.longest(axis)
+    if hi is not None and n > hi:
+        n = hi // m * m
     return n
 
 
