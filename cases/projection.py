@@ -121,7 +121,7 @@ def _length_pairs(case, decl):
             continue
         out.append((q, k))
         offset = case.Nk - case.Nq
-        if decl.max_seq_q is not None and q != case.Nq and _fit(decl, q + offset, up) == q + offset:
+        if decl.max_seq_q is not None and q != case.Nq and q + offset >= 1 and _fit(decl, q + offset, up) == q + offset:
             out.append((q, q + offset))
     return list(dict.fromkeys(out))
 
