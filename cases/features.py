@@ -146,18 +146,17 @@ def missing(case, caps):
 
 # ---- probing the shape-carried features ----
 
-PROBE_SHAPE = {"D": 16, "Dv": 32, "N": 8}
+PROBE_SHAPE = {"D": 16, "Dv": 32, "N": 8, "Nq": 8}      # N: the keys; Nq: the queries
 
 
 def probe_case(name, dtype, shape=None):
     """The small case a probe of feature `name` judges: the feature alone, in awkward shapes (kv heads past Hkv
     sit in the NaN guard band, so a kernel that reads head h of k for query head h shows it). shape: the head dims
-    and lengths the kernel declares it takes (cases/verify/engine.py probe_shape: N keys, Nq queries, N when
-    absent), else PROBE_SHAPE."""
+    and lengths the kernel declares it takes (cases/verify/engine.py probe_shape), else PROBE_SHAPE."""
     s = shape or PROBE_SHAPE
     if name == "gqa":
-        return Case("probe_gqa", B=1, H=4, Hkv=2, Nq=s.get("Nq", s["N"]), Nk=s["N"], D=s["D"], dtype=dtype, seed=1)
-    return Case("probe_dv", H=2, Nq=s.get("Nq", s["N"]), Nk=s["N"], D=s["D"], Dv=s["Dv"], dtype=dtype, seed=1)
+        return Case("probe_gqa", B=1, H=4, Hkv=2, Nq=s["Nq"], Nk=s["N"], D=s["D"], dtype=dtype, seed=1)
+    return Case("probe_dv", H=2, Nq=s["Nq"], Nk=s["N"], D=s["D"], Dv=s["Dv"], dtype=dtype, seed=1)
 
 
 def probe_dtype(decl, backend, triton):

@@ -117,8 +117,8 @@ def _length_pairs(case, decl):
             k = q + m
         elif case.Nq > case.Nk and q <= k:
             q = k + m
-        if (decl.longest("Nq") or q) < q or (decl.longest("Nk") or k) < k:
-            continue
+        if any(hi is not None and n > hi for n, hi in ((q, decl.longest("Nq")), (k, decl.longest("Nk")))):
+            continue      # the order kept by moving one a multiple further took it past its axis's longest
         out.append((q, k))
         offset = case.Nk - case.Nq
         if decl.max_seq_q is not None and q != case.Nq and q + offset >= 1 and _fit(decl, q + offset, up) == q + offset:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from examples.plain_attention import matmul_softmax
-from flashcheck import declare
+from flashcheck import Unsupported, declare
 
 
 def same_length_only(q, k, v, *, causal=False, scale=None):
@@ -213,11 +213,9 @@ def _decode(q, k, v, causal, scale, window, chunk_skip_off_by_one):
     of the chunks kept are softmaxed together): at most DECODE_QUERIES queries, like a decode kernel's documented
     limit. chunk_skip_off_by_one: the first chunk kept is found as (lo + 1) // 16, so a chunk whose last key is the
     first one a row's window sees is skipped with it."""
-    import flashcheck
-
     B, H, Nq, D = q.shape
     if Nq > DECODE_QUERIES:
-        raise flashcheck.Unsupported(f"decode: at most {DECODE_QUERIES} queries, got {Nq}")
+        raise Unsupported(f"decode: at most {DECODE_QUERIES} queries, got {Nq}")
     Nk = k.shape[2]
     scale = 1.0 / D ** 0.5 if scale is None else scale
     group = H // k.shape[1]

@@ -9,9 +9,12 @@ from flashcheck.cases import catalogue
 from flashcheck.cases.errors import UsageError
 from tests import packed_kernels as pk
 
-# the packed entries without keyword features (the example kernels take no window=, softcap= or alibi_slopes=)
-PACKED = ",".join(sorted(n for n in catalogue.PACKED_NAMES
-                         if (lambda c: c.window is None and c.softcap is None and c.alibi is None)(catalogue.get(n))))
+def _no_keyword_features(case):
+    """Whether a packed entry needs none of window=, softcap= or alibi_slopes= (the example kernels take none)."""
+    return case.window is None and case.softcap is None and case.alibi is None
+
+
+PACKED = ",".join(sorted(n for n in catalogue.PACKED_NAMES if _no_keyword_features(catalogue.get(n))))
 DENSE = "hand_one_query_two_keys,causal_nq_gt_nk,partial_last_key_block,gqa_groups_of_three,dv_larger_odd_causal"
 
 

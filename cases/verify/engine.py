@@ -381,9 +381,8 @@ def probe_shape(decl):
     D = _fit_dim(decl, features.PROBE_SHAPE["D"])
     Dv = next((d for d in (2 * D, D // 2, 32, 64, 128, 16, 256, 96, 80, 8) if d != D and d and decl.head_dim_ok(d)),
               2 * D)
-    N = _fit(decl, features.PROBE_SHAPE["N"], 1)
-    Nq = _fit(decl, features.PROBE_SHAPE["N"], 1, "Nq")     # a decode kernel's queries (--max-seq-q) may be fewer
-    return {"D": D, "Dv": Dv, "N": Nq if decl.same_length else N, "Nq": Nq}
+    Nq = _fit(decl, features.PROBE_SHAPE["Nq"], 1, "Nq")     # a decode kernel's queries (--max-seq-q) may be fewer
+    return {"D": D, "Dv": Dv, "N": Nq if decl.same_length else _fit(decl, features.PROBE_SHAPE["N"], 1), "Nq": Nq}
 
 
 BACKWARD_PROBE = "flashcheck.cases.verify.judging:probe_backward"

@@ -186,7 +186,7 @@ def probe_backward(kernel, dtype, conventions, protocol=protocols.DENSE, shape=N
     adapter); its output must carry an autograd graph. A kernel that raises on such inputs has none (a Triton
     forward-only kernel returns a plain tensor)."""
     s = shape or features.PROBE_SHAPE          # the head dim and length the kernel declares it takes
-    case = Case("probe_backward", H=2, Nq=s.get("Nq", s["N"]), Nk=s["N"], D=s["D"], dtype=dtype, seed=1)
+    case = Case("probe_backward", H=2, Nq=s["Nq"], Nk=s["N"], D=s["D"], dtype=dtype, seed=1)
     kernel = oracle.as_declared(kernel, conventions)
     if protocol != protocols.DENSE:
         kernel = protocols.Packed(kernel, protocol, case, 0, layout=layout)
@@ -294,9 +294,9 @@ def probe_paged_layout(kernel, dtype, conventions, shape=None):
     raises or answers in the wrong shape. The first layout that passes is the kernel's; where neither does (a buggy
     kernel), the one in which it answers with values of the right shape; else the protocol's, (B, H, Nq, D)."""
     s = shape or features.PROBE_SHAPE
-    nq = s.get("Nq", s["N"])      # (with one query, the two layouts are the same memory: either answer holds)
-    H = next(h for h in (3, 2, 5, 7) if nq % h)
-    case = Case("probe_paged_layout", H=H, Nq=nq, Nk=s["N"], D=s["D"], dtype=dtype, seed=3)
+    # (with one query, --max-seq-q 1, the two layouts are the same memory: either answer holds)
+    H = next(h for h in (3, 2, 5, 7) if s["Nq"] % h)
+    case = Case("probe_paged_layout", H=H, Nq=s["Nq"], Nk=s["N"], D=s["D"], dtype=dtype, seed=3)
     kernel = oracle.as_declared(kernel, conventions)
     answered = []
     for layout in protocols.PAGED_Q:
