@@ -37,6 +37,26 @@ def test_mismatch_names_first_bad_element():
     assert parse_case(repro.split("--case ")[1].strip('"')) == CASE.replace(why="")
 
 
+def test_a_mismatch_also_names_its_largest_element():
+    """The first bad element starts a search; the largest error against its tolerance is often where the bug is
+    (the last key block, the last head): both are named, in the case's own coordinates."""
+    def off_twice(q, k, v, **kw):
+        out = fused.attention(q, k, v, **kw)
+        out[0, 1, 3, 2] += 1e-3
+        out[1, 1, 20, 9] += 1.0
+        return out
+    f = judge(off_twice).failures[0]
+    assert f.where == (0, 1, 3, 2) and f.worst == (1, 1, 20, 9), (f.where, f.worst)
+    assert "the largest at (b=1, h=1, row=20, col=9)" in f.line(), f.line()
+
+    def off_once(q, k, v, **kw):
+        out = fused.attention(q, k, v, **kw)
+        out[1, 0, 5, 7] += 1e-3
+        return out
+    f = judge(off_once).failures[0]
+    assert f.worst == f.where and "the largest" not in f.line(), f.line()
+
+
 def test_tf32_sized_error_fails_fp32():
     """A relative error of 2^-11 on the scores (tf32's rounding) must fail the fp32 tolerance."""
     def tf32_like(q, k, v, **kw):
@@ -228,6 +248,13 @@ def test_sampled_heads_map_failures_back():
         return out
     verdict = judge(wrong_last_head, case)
     assert verdict.kind == "mismatch" and verdict.failures[0].where == (1, 2, 4, 6)
+
+    def wrong_twice(q, k, v, **kw):
+        out = wrong_last_head(q, k, v, **kw)
+        out[0, 2, 8, 0] += 1e-3
+        return out
+    f = judge(wrong_twice, case).failures[0]
+    assert (f.where, f.worst) == ((0, 2, 8, 0), (1, 2, 4, 6)), (f.where, f.worst)
 
 
 def test_every_failure_kind_has_its_own_kill_matrix_code():

@@ -231,7 +231,11 @@ def _failure(name, text, bad, got, want, bound):
     where = tuple(int(x) for x in torch.nonzero(bad)[0])
     n = int(bad.sum())
     tol = None if bound is None else float(bound[where])
+    worst = None
+    if bound is not None:       # the element furthest past its bound, when the first is not it
+        over = torch.where(bad, (got - want).abs() / bound.clamp(min=torch.finfo(torch.float64).tiny), 0.0)
+        worst = tuple(int(x) for x in torch.unravel_index(torch.argmax(over), over.shape))
     # dK and dV are K's and V's shape: their element is a kv head's key, not a query head's row
     axes = None if name == "dq" else ("b", "kv_head", "key", "col")
     return Failure(Kind.GRADIENT, f"backward: {name}: {n} element(s) wrong, {text}", where=where,
-                   got=float(got[where]), expected=float(want[where]), tol=tol, axes=axes)
+                   got=float(got[where]), expected=float(want[where]), tol=tol, axes=axes, worst=worst)

@@ -325,9 +325,10 @@ def _select(t, heads):
 
 def _unselect(failure, heads):
     """Map a failure's (s, 0, row, col) in the selection back to (b, h, row, col)."""
-    if heads is not None and failure.where is not None:
-        s = failure.where[0]
-        failure.where = (int(heads[0][s]), int(heads[1][s])) + tuple(failure.where[2:])
+    def back(where):
+        return None if where is None else (int(heads[0][where[0]]), int(heads[1][where[0]])) + tuple(where[2:])
+    if heads is not None:
+        failure.where, failure.worst = back(failure.where), back(failure.worst)
     return failure
 
 
@@ -352,15 +353,15 @@ def compare(got, exp, tol, what=Kind.MISMATCH):
     err = np.where(finite, np.abs(got - np.where(finite, exp, 0)), 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(err > 0, err / tol, 0.0)
-    worst = (0.0, 0.0, 0.0)
+    worst, at = (0.0, 0.0, 0.0), None
     if ratio.size:
-        w = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
-        worst = (float(ratio[w]), float(err[w]), float(tol[w]))
+        at = tuple(int(x) for x in np.unravel_index(int(np.argmax(ratio)), ratio.shape))
+        worst = (float(ratio[at]), float(err[at]), float(tol[at]))
     bad = err > tol
     if bad.any():
         w = _first_bad(bad)
         return Failure(what, f"{int(bad.sum())} element(s) out of tolerance, max err/tol {worst[0]:.3g}",
-                       where=w, got=float(got[w]), expected=float(exp[w]), tol=float(tol[w])), worst
+                       where=w, got=float(got[w]), expected=float(exp[w]), tol=float(tol[w]), worst=at), worst
     return None, worst
 
 

@@ -141,15 +141,16 @@ class Failure:
     tol: float = None
     location: str = ""        # file:line where the kernel raised (exceptions)
     axes: tuple = None        # the names of where's four axes, when not (b, h, row, col): dK's are a kv head's keys
+    worst: tuple = None       # where the error is largest against its tolerance, when not at where
 
     def __post_init__(self):
         self.kind = Kind(self.kind)
 
-    def element(self, sep=", "):
-        """"b=0, h=1, row=2, col=3" of where (its axes' own names), without the col for an lse: an lse has one
-        value per row (the col of its where is always 0)."""
+    def element(self, sep=", ", at=None):
+        """"b=0, h=1, row=2, col=3" of where (or of at: another element of the same array), in its axes' own
+        names, without the col for an lse: an lse has one value per row (the col of its where is always 0)."""
         names = self.axes or ("b", "h", "row", "col")
-        parts = [f"{n}={x}" for n, x in zip(names, self.where)]
+        parts = [f"{n}={x}" for n, x in zip(names, self.where if at is None else at)]
         return sep.join(parts[:3] if self.kind == Kind.LSE else parts)
 
     def line(self):
@@ -163,6 +164,8 @@ class Failure:
             if self.tol is not None:
                 s += f" (|err| {abs(self.got - self.expected):.3g} > tol {self.tol:.3g})"
         s += f"; {self.message}" if self.message else ""
+        if self.worst is not None and self.worst != self.where:
+            s += f"; the largest at ({self.element(at=self.worst)})"
         return s + (f" (raised at {self.location})" if self.location else "")
 
 

@@ -25,7 +25,8 @@ def to_dict(run, partial=False):
     def failure(f):
         return {"kind": str(f.kind), "message": f.message, "where": list(f.where) if f.where else None,
                 "got": _num(f.got), "expected": _num(f.expected), "tol": _num(f.tol), "location": f.location,
-                "axes": list(f.axes) if f.axes else None, "line": f.line()}
+                "axes": list(f.axes) if f.axes else None, "worst": list(f.worst) if f.worst else None,
+                "line": f.line()}
 
     cases = []
     for r in run.results:
@@ -85,7 +86,8 @@ def from_dict(data):
             continue
         failures = [Failure(f["kind"], f["message"], tuple(f["where"]) if f["where"] else None, _float(f["got"]),
                             _float(f["expected"]), _float(f["tol"]), f["location"],
-                            tuple(f["axes"]) if f.get("axes") else None) for f in c["failures"]]
+                            tuple(f["axes"]) if f.get("axes") else None,
+                            tuple(f["worst"]) if f.get("worst") else None) for f in c["failures"]]
         verdict = Verdict(case, data["target"], failures, max_err=_float(c["max_err"]), tol=_float(c["tol"]),
                           ratio=_float(c["ratio"]), reduced=list(c["reduced"]), seconds=c["seconds"],
                           status=c["status"], note=c["note"], peak_bytes=c["peak_bytes"])
