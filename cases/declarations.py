@@ -284,12 +284,31 @@ class Declarations:
         if self.max_seq_q is not None and self.seq_multiple > self.max_seq_q:
             raise DeclarationError(f"--seq-multiple {self.seq_multiple} > --max-seq-q {self.max_seq_q}: only "
                                    "empty query sequences would be supported")
+        for axis, flag in (("Nk", "--max-seq"), ("Nq", "--max-seq-q")):
+            hi = self.longest(axis)
+            if hi is not None and hi // self.seq_multiple * self.seq_multiple < max(self.min_seq, 1):
+                raise DeclarationError(f"no length from --min-seq {self.min_seq} to {flag} {hi} is a multiple of "
+                                       f"--seq-multiple {self.seq_multiple}")
 
     def longest(self, axis):
         """The longest supported length of axis "Nq" or "Nk" (None: no limit): --max-seq bounds both, --max-seq-q
         the queries alone."""
         caps = [n for n in (self.max_seq, self.max_seq_q if axis == "Nq" else None) if n is not None]
         return min(caps) if caps else None
+
+    def fit_length(self, n, axis="Nk", up=True):
+        """The length of axis "Nq" or "Nk" these declarations admit nearest to n: rounded up to --seq-multiple (down
+        with up=False), raised to --min-seq, cut to the axis's longest; 0 stays 0 where --min-seq admits it. None
+        if none (n = 0 with --min-seq 1, or rounding down below --min-seq)."""
+        m = self.seq_multiple
+        if n == 0:
+            return 0 if self.min_seq == 0 else None
+        lo, hi = max(self.min_seq, 1), self.longest(axis)
+        n = max(n, lo)
+        n = -(-n // m) * m if up else max(n // m * m, m)
+        if hi is not None and n > hi:
+            n = hi // m * m
+        return n if lo <= n and (hi is None or n <= hi) else None
 
     def flags(self):
         """The declarations as command-line flags (those that differ from the defaults)."""

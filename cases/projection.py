@@ -80,20 +80,6 @@ def kept(entry, case):
     return [POINTS[p][1] for p in entry.point if not POINTS[p][0](entry, case)]
 
 
-def _fit(decl, n, up=True, axis="Nk"):
-    """A length of axis Nq or Nk the declarations admit, nearest to n (rounded up to the multiple unless up=False):
-    None if none."""
-    m = decl.seq_multiple
-    if n == 0:
-        return 0 if decl.min_seq == 0 else None
-    lo, hi = max(decl.min_seq, 1), decl.longest(axis)
-    n = max(n, lo)
-    n = -(-n // m) * m if up else max(n // m * m, m)
-    if hi is not None and n > hi:
-        n = hi // m * m
-    return n if n >= lo and n > 0 and (hi is None or n <= hi) else None
-
-
 def _length_pairs(case, decl):
     """Candidate (Nq, Nk), nearest first: each rounded to the declared multiple and clamped, their order kept (the
     larger one a multiple further when rounding made them equal); made equal when the kernel needs Nq == Nk (the
@@ -105,12 +91,12 @@ def _length_pairs(case, decl):
     if equal:
         for n in (max(case.Nq, case.Nk), min(case.Nq, case.Nk)):
             for up in (True, False):
-                f = _fit(decl, n, up, "Nq")
+                f = decl.fit_length(n, "Nq", up)
                 if f:
                     out.append((f, f))
         return list(dict.fromkeys(out))
     for up in (True, False):
-        q, k = _fit(decl, case.Nq, up, "Nq"), _fit(decl, case.Nk, up)
+        q, k = decl.fit_length(case.Nq, "Nq", up), decl.fit_length(case.Nk, "Nk", up)
         if q is None or k is None:
             continue
         if case.Nq < case.Nk and q >= k:
@@ -121,7 +107,7 @@ def _length_pairs(case, decl):
             continue      # the order kept by moving one a multiple further took it past its axis's longest
         out.append((q, k))
         offset = case.Nk - case.Nq
-        if decl.max_seq_q is not None and q != case.Nq and q + offset >= 1 and _fit(decl, q + offset, up) == q + offset:
+        if decl.max_seq_q is not None and q != case.Nq and q + offset >= 1 and decl.fit_length(q + offset, "Nk", up) == q + offset:
             out.append((q, q + offset))
     return list(dict.fromkeys(out))
 

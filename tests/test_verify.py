@@ -446,8 +446,10 @@ def test_nothing_to_verify_is_not_a_pass():
     (["--only", "no_such_case"], "no catalogue case named no_such_case"),
     (["--case", "Case('x', dtype='fp8')"], "--case"),
     (["--head-dims", "0-4"], "--head-dims"),
+    (["--min-seq", "100", "--max-seq", "120", "--seq-multiple", "64"],
+     "no length from --min-seq 100 to --max-seq 120 is a multiple of --seq-multiple 64"),
 ], ids=["no_colon", "file_missing", "module_missing", "no_attribute", "not_callable", "unknown_case", "bad_case",
-        "bad_head_dims"])
+        "bad_head_dims", "no_length_fits"])
 def test_usage_errors_exit_2(args, words):
     proc = verify(*args)
     assert proc.returncode == 2, explain(proc)

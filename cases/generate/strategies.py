@@ -384,17 +384,11 @@ def _fit_dim(decl, d):
 
 
 def _fit(decl, n, lo, axis="Nk"):
-    """The declared length of axis Nq or Nk nearest above n: a multiple of seq_multiple, within [min_seq, the
-    axis's longest] (a zero length stays zero where the declarations allow it and lo does)."""
-    m = decl.seq_multiple
+    """The declared length of axis Nq or Nk nearest above max(n, lo) (a zero length stays zero where the
+    declarations allow it and lo does)."""
     if n == 0 and lo == 0 and decl.min_seq == 0:
         return 0
-    n = max(n, lo, decl.min_seq, 1)
-    n = -(-n // m) * m
-    hi = decl.longest(axis)
-    if hi is not None and n > hi:
-        n = hi // m * m
-    return n
+    return decl.fit_length(max(n, lo, 1), axis)
 
 
 # ---- parameters of the metamorphic relations (cases/generate/properties.py), small and printable ----
