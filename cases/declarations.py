@@ -139,6 +139,10 @@ FIELDS = (
           "default) or top-left (SDPA's is_causal, FlashAttention < 2.1); top-left kernels are judged against a "
           "top-left reference; the window and ALiBi count from that same diagonal (i - j, not i + Nk - Nq - j)", "ALIGN"),
     Field("causal_same_length", "--causal-same-length", _flag, False, "causal only when Nq == Nk"),
+    Field("causal_only", "--causal-only", _flag, False,
+          "the kernel always masks causally (decoder-only prefill and decode kernels, such as vLLM's unified "
+          "attention): the catalogue's other entries are judged causal where their point survives the mask, "
+          "and the generated cases are drawn causal"),
     Field("same_length", "--same-length", _flag, False, "Nq == Nk only (self-attention)"),
     Field("seq_multiple", "--seq-multiple", _positive("seq_multiple", 1), 1,
           "Nq and Nk must be multiples of N (e.g. 64 or 128)", "N", str),
@@ -213,6 +217,7 @@ class Declarations:
     causal: bool = True
     causal_align: str = "bottom-right"
     causal_same_length: bool = False
+    causal_only: bool = False
     same_length: bool = False
     seq_multiple: int = 1
     min_seq: int = 0
@@ -273,6 +278,8 @@ class Declarations:
             raise DeclarationError("--causal-align goes with a causal mode: not with --no-causal")
         if not self.causal and self.causal_same_length:
             raise DeclarationError("--causal-same-length goes with a causal mode: not with --no-causal")
+        if not self.causal and self.causal_only:
+            raise DeclarationError("--causal-only and --no-causal contradict each other")
         if self.max_seq is not None and self.min_seq > self.max_seq:
             raise DeclarationError(f"--min-seq {self.min_seq} > --max-seq {self.max_seq}: no length is supported")
         if self.max_seq is not None and self.seq_multiple > self.max_seq:
@@ -340,6 +347,8 @@ class Declarations:
         why = []
         if case.causal and not self.causal:
             why.append("causal (--no-causal)")
+        if self.causal_only and not case.causal:
+            why.append("not causal (--causal-only)")
         pairs = case.seqlens or [(case.Nq, case.Nk)]
         if case.causal and self.causal_same_length and any(nq != nk for nq, nk in pairs):
             why.append(f"causal with Nq = {case.Nq} != Nk = {case.Nk} (--causal-same-length)")

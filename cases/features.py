@@ -146,7 +146,8 @@ def missing(case, caps):
 
 # ---- probing the shape-carried features ----
 
-PROBE_SHAPE = {"D": 16, "Dv": 32, "N": 8, "Nq": 8}      # N: the keys; Nq: the queries
+PROBE_SHAPE = {"D": 16, "Dv": 32, "N": 8, "Nq": 8, "causal": False}   # N: the keys; Nq: the queries; causal
+                                                                       # for a kernel that always masks
 
 
 def probe_case(name, dtype, shape=None):
@@ -155,8 +156,9 @@ def probe_case(name, dtype, shape=None):
     and lengths the kernel declares it takes (cases/verify/engine.py probe_shape), else PROBE_SHAPE."""
     s = shape or PROBE_SHAPE
     if name == "gqa":
-        return Case("probe_gqa", B=1, H=4, Hkv=2, Nq=s["Nq"], Nk=s["N"], D=s["D"], dtype=dtype, seed=1)
-    return Case("probe_dv", H=2, Nq=s["Nq"], Nk=s["N"], D=s["D"], Dv=s["Dv"], dtype=dtype, seed=1)
+        return Case("probe_gqa", B=1, H=4, Hkv=2, Nq=s["Nq"], Nk=s["N"], D=s["D"], dtype=dtype, causal=s["causal"],
+                    seed=1)
+    return Case("probe_dv", H=2, Nq=s["Nq"], Nk=s["N"], D=s["D"], Dv=s["Dv"], dtype=dtype, causal=s["causal"], seed=1)
 
 
 def probe_dtype(decl, backend, triton):

@@ -13,7 +13,7 @@ of D; the layout made dense. Its name says what changed:
 """
 import math
 
-from flashcheck.cases.features import used
+from flashcheck.cases.features import problem, used
 from flashcheck.cases.inputs import values
 
 SMALLEST_BLOCK = 16      # no kernel's tile is narrower (tl.dot's minimum): a length of it is a whole block
@@ -152,6 +152,19 @@ def _name(case, changes):
     shown = ", ".join(f"{k}={v}" for k, v in changes.items() if k in ("B", "H", "Nq", "Nk", "D", "Dv", "layout"))
     dtype = dtype.rstrip("]")
     return f"{base}[{dtype}, {shown}]" if dtype else f"{base}[{shown}]"
+
+
+def made_causal(case):
+    """The case with the causal mask on, for a kernel that always masks (--causal-only), named so
+    (`partial_last_key_block[fp16, causal]`). A hand value stays only where the mask hides no key a row saw (one
+    query against its keys, a window whose right side is 0 already); elsewhere the reference judges it alone."""
+    changes = {"causal": True}
+    if case.expected is not None and case.seqlens is None:
+        if not (problem(case).visible() == problem(case.replace(causal=True)).visible()).all():
+            changes.update(expected=None, exact=False)
+    base, _, dtype = case.name.partition("[")
+    dtype = dtype.rstrip("]")
+    return case.replace(name=f"{base}[{dtype}, causal]" if dtype else f"{base}[causal]", **changes)
 
 
 def project(case, decl, admissible, head_dim_ok=None):

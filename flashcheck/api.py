@@ -137,7 +137,7 @@ def verify(fn, **options):
     importable module:qualname is judged like its name, in a worker process (isolate=True, the default) with a
     timeout per case; a lambda, a closure or a function of __main__ is judged in this process.
 
-    options: the declarations (dtypes, head_dims, causal, causal_align, causal_same_length, same_length,
+    options: the declarations (dtypes, head_dims, causal, causal_align, causal_same_length, causal_only, same_length,
     seq_multiple, min_seq, max_seq, max_seq_q, strides, fp32_scores, fused, gqa, dv, head_map, empty_lse, paged_q,
     window_count, lse_layout, lse_base, nan_stays_in_row: as flashcheck.declare takes them; they override the
     kernel's own) and the options of a run: only, keyword, exclude, cases, examples, seed, repeat, sanitize,

@@ -252,3 +252,25 @@ def decode_window_chunk_skipped(q, k, v, *, causal=False, scale=None, window=Non
     """decode_only with its first chunk found one key too far: wrong wherever a row's window starts on the last key
     of a chunk of 16 (Nq = 1, Nk = 40, window (8, 0): its keys are 31..39, and chunk 16..31 is skipped)."""
     return _decode(q, k, v, causal, scale, window, True)
+
+
+def _causal_prefill(q, k, v, causal, scale, padded_scale):
+    """A decoder's prefill kernel: every call masks causally (flashcheck.Unsupported for causal=False), as vLLM's
+    unified attention asserts. padded_scale: the default scale taken from the head dim rounded up to 8, the width
+    its tiles pad D to (right at D = 8, 16, 64, ...; wrong at odd head dims, which only non-causal entries have)."""
+    if not causal:
+        raise Unsupported("causal attention only")
+    D = q.shape[-1]
+    if scale is None:
+        scale = 1.0 / ((-(-D // 8) * 8) if padded_scale else D) ** 0.5
+    return matmul_softmax(q, k, v, causal=True, scale=scale)
+
+
+def causal_only(q, k, v, *, causal=True, scale=None):
+    """Right wherever it works, which is causal attention alone (--causal-only)."""
+    return _causal_prefill(q, k, v, causal, scale, False)
+
+
+def causal_only_scale_from_padded_d(q, k, v, *, causal=True, scale=None):
+    """causal_only with its default scale taken from the padded head dim: 1/sqrt(8) at D = 3."""
+    return _causal_prefill(q, k, v, causal, scale, True)

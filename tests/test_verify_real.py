@@ -425,6 +425,44 @@ def test_a_cuda_error_reported_after_the_kernel_calls_is_a_device_fault_of_that_
     assert engine.judge(Runner(), case, settings).kind == Kind.DEVICE_FAULT
 
 
+def test_a_causal_only_kernel_is_declared_and_the_catalogue_judged_causal(tmp_path):
+    """A decoder's prefill kernel masks causally on every call (tests/limited_kernels.py; vLLM's unified attention
+    asserts causal). Undeclared, every non-causal entry is only "unsupported", and a default scale taken from the
+    padded head dim, wrong at odd head dims only, goes unseen: only non-causal entries have those. Declared with
+    --causal-only, the entries are judged causal (named so; a hand value kept where the mask hides no key a row saw)
+    and the bug fails on them."""
+    selection = ("-k", "head_dim_3,head_dim_59,hand_one_query_two_keys,causal_square", "--dtypes", "fp32",
+                 "--examples", "3")
+    undeclared, plain = _json(tmp_path, f"{LIMITED}:causal_only", *selection)
+    assert undeclared.returncode == 0, explain(undeclared)
+    declared, judged = _json(tmp_path, f"{LIMITED}:causal_only", "--causal-only", *selection)
+    assert declared.returncode == 0, explain(declared)
+    unsupported = lambda report: sum(c["status"] == "unsupported" for c in report["cases"])  # noqa: E731
+    assert unsupported(plain) >= 3 and unsupported(judged) == 0, (plain["summary"], judged["summary"])
+    names = _by_name(judged)
+    assert {"head_dim_3[fp32, causal]", "hand_one_query_two_keys[fp32, causal]", "causal_square[fp32]"} <= set(names)
+    assert all(names[n]["status"] == "pass" for n in names if n.startswith(("head_dim", "hand"))), names
+    missed, _ = _json(tmp_path, f"{LIMITED}:causal_only_scale_from_padded_d", *selection)
+    assert missed.returncode == 0, explain(missed)
+    caught, report = _json(tmp_path, f"{LIMITED}:causal_only_scale_from_padded_d", "--causal-only", *selection)
+    assert caught.returncode == 1, explain(caught)
+    failed = {n for n, c in _by_name(report).items() if c["status"] == "fail"}
+    assert "head_dim_3[fp32, causal]" in failed and "causal_square[fp32]" not in failed, failed
+    usage = verify(f"{LIMITED}:causal_only", "--causal-only", "--no-causal")
+    assert usage.returncode == 2 and "--causal-only and --no-causal" in usage.stderr, explain(usage)
+
+
+def test_made_causal_keeps_a_hand_value_only_where_the_mask_hides_nothing():
+    from flashcheck.cases.catalogue import CATALOGUE
+    from flashcheck.cases.projection import made_causal
+
+    entry = {e.name: e for e in CATALOGUE}
+    one = made_causal(entry["hand_one_query_two_keys"].instances(("fp32",))[0])     # one query sees both keys
+    assert one.causal and one.expected == ((7.5,),) and one.name == "hand_one_query_two_keys[fp32, causal]"
+    mean = made_causal(entry["equal_scores"].instances(("fp32",))[0])                # rows see prefixes: not the mean
+    assert mean.causal and mean.expected is None and not mean.exact
+
+
 def test_a_decode_kernels_query_limit_is_declared_and_the_catalogue_projected_onto_it(tmp_path):
     """A decode kernel takes a few queries against any number of keys (tests/limited_kernels.py: at most 8). Undeclared,
     every entry with more queries is only "unsupported"; declared with --max-seq-q 8, the entries are projected onto

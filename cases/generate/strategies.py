@@ -326,7 +326,9 @@ def representative(decl, dtypes, backend, caps):
 
     def case(**fields):
         c = Case(CASE_NAME, seed=rng.randrange(1 << 16), **fields)
-        if decl.causal_same_length and c.causal and c.Nq != c.Nk:
+        if decl.causal_only:
+            c = c.replace(causal=True, **({"Nq": c.Nk} if decl.causal_same_length else {}))
+        elif decl.causal_same_length and c.causal and c.Nq != c.Nk:
             c = c.replace(causal=False)
         return c
 
@@ -341,7 +343,7 @@ def representative(decl, dtypes, backend, caps):
 
     out = common(dtypes[0])
     half = next((d for d in dtypes if d != "fp32"), dtypes[0])
-    few = not (decl.same_length or decl.causal_same_length)
+    few = not (decl.same_length or decl.causal_same_length)      # (under --causal-only too, every case is causal)
     decode_q, decode_k = _fit(decl, 16, 1, "Nq"), _fit(decl, 769, 1)
     if few and decode_k >= 256 and decode_q < decode_k:
         out.append(case(H=2, Nq=decode_q, Nk=decode_k, D=_fit_dim(decl, 32), dtype=half, causal=causal_ok))

@@ -20,7 +20,7 @@ from flashcheck.cases.generate.strategies import _fit, _fit_dim
 from flashcheck.cases.errors import UsageError
 from flashcheck.cases.inputs import footprint
 from flashcheck.cases.oracle import Conventions, Failure, Kind, Verdict, classify_escaped
-from flashcheck.cases.projection import project
+from flashcheck.cases.projection import made_causal, project
 from flashcheck.cases.report import html
 from flashcheck.cases.report.files import Files
 from flashcheck.cases.runner import sanitize, slots
@@ -241,6 +241,12 @@ def _projected(case, reason, decl, info, backend, max_memory):
         why, group = skip_reason(candidate, decl, info, backend, max_memory)
         return [why] if group == "not declared" else []
 
+    if decl.causal_only and not case.causal:
+        # every mask rule holds under the causal one too, and the reference applies it: the case is judged causal
+        case = made_causal(case)
+        reason, group = skip_reason(case, decl, info, backend, max_memory)
+        if group != "not declared":
+            return case, reason, group
     if case.seqlens is not None:
         return case, f"{reason}; a packed case is not projected (its sequences' lengths are its point)", "not declared"
     if "features_together" in case.point:
@@ -382,7 +388,9 @@ def probe_shape(decl):
     Dv = next((d for d in (2 * D, D // 2, 32, 64, 128, 16, 256, 96, 80, 8) if d != D and d and decl.head_dim_ok(d)),
               2 * D)
     Nq = _fit(decl, features.PROBE_SHAPE["Nq"], 1, "Nq")     # a decode kernel's queries (--max-seq-q) may be fewer
-    return {"D": D, "Dv": Dv, "N": Nq if decl.same_length else _fit(decl, features.PROBE_SHAPE["N"], 1), "Nq": Nq}
+    same = decl.same_length or decl.causal_only and decl.causal_same_length
+    return {"D": D, "Dv": Dv, "N": Nq if same else _fit(decl, features.PROBE_SHAPE["N"], 1), "Nq": Nq,
+            "causal": decl.causal_only}
 
 
 BACKWARD_PROBE = "flashcheck.cases.verify.judging:probe_backward"

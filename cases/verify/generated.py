@@ -25,7 +25,7 @@ SHRINK_SECONDS = 90.0      # and seconds: past them a shrink keeps the simplest 
 
 def strategy(decl, dtypes, backend, caps):
     return strategies.cases(
-        causal=None if (decl.causal and caps.causal) else False, dtypes=dtypes, layouts=decl.layouts(),
+        causal=True if decl.causal_only else None if (decl.causal and caps.causal) else False, dtypes=dtypes, layouts=decl.layouts(),
         max_len=decl.max_seq, head_dim_ok=decl.head_dim_ok if decl.head_dims else None, backend=backend,
         pin_blocks=caps.blocks, decl=decl, scale=caps.scale, features=caps.features, any_dtype=True)
 

@@ -186,7 +186,7 @@ def probe_backward(kernel, dtype, conventions, protocol=protocols.DENSE, shape=N
     adapter); its output must carry an autograd graph. A kernel that raises on such inputs has none (a Triton
     forward-only kernel returns a plain tensor)."""
     s = shape or features.PROBE_SHAPE          # the head dim and length the kernel declares it takes
-    case = Case("probe_backward", H=2, Nq=s["Nq"], Nk=s["N"], D=s["D"], dtype=dtype, seed=1)
+    case = Case("probe_backward", H=2, Nq=s["Nq"], Nk=s["N"], D=s["D"], dtype=dtype, causal=s["causal"], seed=1)
     kernel = oracle.as_declared(kernel, conventions)
     if protocol != protocols.DENSE:
         kernel = protocols.Packed(kernel, protocol, case, 0, layout=layout)
@@ -296,7 +296,7 @@ def probe_paged_layout(kernel, dtype, conventions, shape=None):
     s = shape or features.PROBE_SHAPE
     # (with one query, --max-seq-q 1, the two layouts are the same memory: either answer holds)
     H = next(h for h in (3, 2, 5, 7) if s["Nq"] % h)
-    case = Case("probe_paged_layout", H=H, Nq=s["Nq"], Nk=s["N"], D=s["D"], dtype=dtype, seed=3)
+    case = Case("probe_paged_layout", H=H, Nq=s["Nq"], Nk=s["N"], D=s["D"], dtype=dtype, causal=s["causal"], seed=3)
     kernel = oracle.as_declared(kernel, conventions)
     answered = []
     for layout in protocols.PAGED_Q:
@@ -323,7 +323,7 @@ def memory_case(decl, length=1024):
     dtype = next((d for d in ("fp16", "bf16", "fp32") if d in dtypes), dtypes[0])
     D = next((d for d in (64, 128, 32, 16, 256) if decl.head_dim_ok(d)), None) or decl.head_dims[0][0]
     n = _fit(decl, 2 * length, 1)
-    return Case(f"{MEMORY_CASE}[{dtype}]", why=MEMORY_WHY, H=4, Nq=n, Nk=n, D=D, dtype=dtype)
+    return Case(f"{MEMORY_CASE}[{dtype}]", why=MEMORY_WHY, H=4, Nq=n, Nk=n, D=D, dtype=dtype, causal=decl.causal_only)
 
 
 def memory_probe(kernel, case, settings):
