@@ -144,6 +144,10 @@ FIELDS = (
           "attention): the catalogue's other entries are judged causal where their point survives the mask, "
           "and the generated cases are drawn causal"),
     Field("same_length", "--same-length", _flag, False, "Nq == Nk only (self-attention)"),
+    Field("nk_ge_nq", "--nk-ge-nq", _flag, False,
+          "every sequence has at least as many keys as queries (Nk >= Nq: a prefill kernel whose queries are the "
+          "last tokens of their KV cache, as vLLM's and SGLang's); entries with Nq > Nk are projected onto Nk >= Nq "
+          "where their point survives"),
     Field("seq_multiple", "--seq-multiple", _positive("seq_multiple", 1), 1,
           "Nq and Nk must be multiples of N (e.g. 64 or 128)", "N", str),
     Field("min_seq", "--min-seq", _positive("min_seq", 0), 0, "shortest supported Nq and Nk (e.g. 1: no Nq = 0)",
@@ -219,6 +223,7 @@ class Declarations:
     causal_same_length: bool = False
     causal_only: bool = False
     same_length: bool = False
+    nk_ge_nq: bool = False
     seq_multiple: int = 1
     min_seq: int = 0
     max_seq: int = None
@@ -374,6 +379,8 @@ class Declarations:
                 break          # the first sequence that is excluded says enough
             if self.same_length and nq != nk:
                 why.append(f"Nq = {nq} != Nk = {nk}{at} (--same-length)")
+            elif self.nk_ge_nq and nk < nq:
+                why.append(f"Nk = {nk} < Nq = {nq}{at} (--nk-ge-nq)")
             for name, n in (("Nq", nq), ("Nk", nk)):
                 if n < self.min_seq:
                     why.append(f"{name} = {n}{at} < --min-seq {self.min_seq}")

@@ -83,7 +83,8 @@ def kept(entry, case):
 def _length_pairs(case, decl):
     """Candidate (Nq, Nk), nearest first: each rounded to the declared multiple and clamped, their order kept (the
     larger one a multiple further when rounding made them equal); made equal when the kernel needs Nq == Nk (the
-    larger first, then the smaller). Where the queries are capped on their own (--max-seq-q), also Nq clamped with
+    larger first, then the smaller); with --nk-ge-nq, Nq > Nk also made Nk >= Nq (the keys raised, then the queries
+    lowered). Where the queries are capped on their own (--max-seq-q), also Nq clamped with
     Nk moved by as much, which keeps the causal diagonal's offset Nk - Nq (a square causal case stays square)."""
     m = decl.seq_multiple
     equal = decl.same_length or (decl.causal_same_length and case.causal)
@@ -106,6 +107,9 @@ def _length_pairs(case, decl):
         if any(hi is not None and n > hi for n, hi in ((q, decl.longest("Nq")), (k, decl.longest("Nk")))):
             continue      # the order kept by moving one a multiple further took it past its axis's longest
         out.append((q, k))
+        if decl.nk_ge_nq and q > k:       # the keys raised to the queries, or the queries lowered to the keys
+            out += [(q, f) for f in [decl.fit_length(q, "Nk", up)] if f is not None and f >= q]
+            out += [(f, k) for f in [decl.fit_length(k, "Nq", up)] if f is not None and f <= k]
         offset = case.Nk - case.Nq
         if decl.max_seq_q is not None and q != case.Nq and q + offset >= 1 and decl.fit_length(q + offset, "Nk", up) == q + offset:
             out.append((q, q + offset))

@@ -101,6 +101,8 @@ def segmented(case, protocol, decl=None, fit=None):
     lk[rnd.randrange(n)] = case.Nk
     if getattr(decl, "same_length", False) or (case.causal and getattr(decl, "causal_same_length", False)):
         lk = list(lq)
+    elif getattr(decl, "nk_ge_nq", False):
+        lk = [max(a, b) for a, b in zip(lq, lk)]
     packed = case.replace(seqlens=tuple(zip(lq, lk)), page_size=rnd.choice((1, 5, 16, 64)) if protocol == PAGED
                           else None)
     if protocol == VARLEN and rnd.random() < 0.25:       # one in four without max_seqlen_q/k (their default)

@@ -138,7 +138,7 @@ def verify(fn, **options):
     timeout per case; a lambda, a closure or a function of __main__ is judged in this process.
 
     options: the declarations (dtypes, head_dims, causal, causal_align, causal_same_length, causal_only, same_length,
-    seq_multiple, min_seq, max_seq, max_seq_q, strides, fp32_scores, fused, gqa, dv, head_map, empty_lse, paged_q,
+    nk_ge_nq, seq_multiple, min_seq, max_seq, max_seq_q, strides, fp32_scores, fused, gqa, dv, head_map, empty_lse, paged_q,
     window_count, lse_layout, lse_base, nan_stays_in_row: as flashcheck.declare takes them; they override the
     kernel's own) and the options of a run: only, keyword, exclude, cases, examples, seed, repeat, sanitize,
     properties, timeout, isolate, jobs (cases judged at once, each in its own worker process; needs an importable

@@ -274,3 +274,11 @@ def causal_only(q, k, v, *, causal=True, scale=None):
 def causal_only_scale_from_padded_d(q, k, v, *, causal=True, scale=None):
     """causal_only with its default scale taken from the padded head dim: 1/sqrt(8) at D = 3."""
     return _causal_prefill(q, k, v, causal, scale, True)
+
+
+def keys_cover_queries(q, k, v, *, causal=False, scale=None):
+    """A prefill kernel over a KV cache that holds the queries' own tokens: each sequence has at least as many keys
+    as queries (--nk-ge-nq), and it declines fewer (a row past the keys would divide 0 by 0)."""
+    if k.shape[-2] < q.shape[-2]:
+        raise Unsupported(f"Nk = {k.shape[-2]} < Nq = {q.shape[-2]}: the cache holds the queries' tokens")
+    return matmul_softmax(q, k, v, causal=causal, scale=scale)

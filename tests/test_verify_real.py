@@ -452,6 +452,25 @@ def test_a_causal_only_kernel_is_declared_and_the_catalogue_judged_causal(tmp_pa
     assert usage.returncode == 2 and "--causal-only and --no-causal" in usage.stderr, explain(usage)
 
 
+def test_a_kernel_that_needs_as_many_keys_as_queries_has_the_entries_projected_onto_that(tmp_path):
+    """A prefill kernel whose queries are the last tokens of their KV cache takes Nk >= Nq only. Undeclared, the
+    entries with more queries than keys are "unsupported"; declared (--nk-ge-nq), those whose point survives are
+    judged with the keys raised or the queries lowered (named so), and the others skipped with the point they need."""
+    selection = ("-k", "partial_last_query_block,one_key,cross_nq_gt_nk,causal_nq_gt_nk,hand_one_query_two_keys",
+                 "--dtypes", "fp32", "--examples", "4")
+    undeclared, plain = _json(tmp_path, f"{LIMITED}:keys_cover_queries", *selection)
+    assert undeclared.returncode == 0, explain(undeclared)
+    declared, projected = _json(tmp_path, f"{LIMITED}:keys_cover_queries", "--nk-ge-nq", *selection)
+    assert declared.returncode == 0, explain(declared)
+    unsupported = lambda report: sum(c["status"] == "unsupported" for c in report["cases"])  # noqa: E731
+    assert unsupported(plain) >= 3 and unsupported(projected) == 0, (plain["summary"], projected["summary"])
+    names = _by_name(projected)
+    assert any(n.startswith("partial_last_query_block[fp32, Nk=") and c["status"] == "pass" for n, c in names.items())
+    assert names["one_key[fp32, Nq=1]"]["status"] == "pass", sorted(names)
+    for entry, point in (("cross_nq_gt_nk[fp32]", "Nq > Nk"), ("causal_nq_gt_nk[fp32]", "causal rows that see no key")):
+        assert names[entry]["status"] == "skip" and point in names[entry]["reason"], names[entry]
+
+
 def test_made_causal_keeps_a_hand_value_only_where_the_mask_hides_nothing():
     from flashcheck.cases.catalogue import CATALOGUE
     from flashcheck.cases.projection import made_causal

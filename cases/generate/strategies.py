@@ -236,6 +236,8 @@ def cases(draw, *, causal=None, dtypes=None, layouts=None, data=None, kernels=("
         Nq, Nk = _fit(decl, Nq, lo_q, "Nq"), _fit(decl, Nk, 1)
         if decl.same_length or (decl.causal_same_length and is_causal):
             Nq = Nk = _fit(decl, max(Nq, Nk), 1, "Nq")
+        elif decl.nk_ge_nq and Nq > Nk:
+            Nk = _fit(decl, Nq, 1)
     shape = Case(CASE_NAME, Nq=Nq, Nk=Nk, D=D, dtype=dtype, block_n=many_bn if many and pin_blocks else None)
     max_ms = lim.many_ms if many else lim.max_ms
 
@@ -326,6 +328,8 @@ def representative(decl, dtypes, backend, caps):
 
     def case(**fields):
         c = Case(CASE_NAME, seed=rng.randrange(1 << 16), **fields)
+        if decl.nk_ge_nq and c.Nq > c.Nk:
+            c = c.replace(Nk=c.Nq)
         if decl.causal_only:
             c = c.replace(causal=True, **({"Nq": c.Nk} if decl.causal_same_length else {}))
         elif decl.causal_same_length and c.causal and c.Nq != c.Nk:
