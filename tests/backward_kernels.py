@@ -330,3 +330,35 @@ class _DoMustBeContiguous(_DoAssumedContiguous):
 
 def do_must_be_contiguous(q, k, v, *, causal=False, scale=None):
     return _DoMustBeContiguous.apply(q, k, v, causal, scale)
+
+
+class _Softcapped(torch.autograd.Function):
+    """softcap's tanh as 2 sigmoid(2x) - 1 (SGLang's Triton kernels), its derivative 4 sigmoid (1 - sigmoid), and
+    D_i = rowsum(dO * O) from the output rounded to q's dtype, as FlashAttention's backward reads it."""
+    @staticmethod
+    def forward(ctx, q, k, v, scale, cap):
+        x = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale / cap
+        sig = torch.sigmoid(2 * x)
+        p = torch.softmax(cap * (2 * sig - 1), dim=-1)
+        out = torch.matmul(p, v.float()).to(q.dtype)
+        ctx.save_for_backward(q, k, v, p, out, sig)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, p, out, sig = ctx.saved_tensors
+        do = dout.float()
+        dp = torch.matmul(do, v.float().transpose(-1, -2))
+        ds = p * (dp - (do * out.float()).sum(-1, keepdim=True)) * 4 * sig * (1 - sig)
+        dq = torch.matmul(ds, k.float()) * ctx.scale
+        dk = torch.matmul(ds.transpose(-1, -2), q.float()) * ctx.scale
+        return dq.to(q.dtype), dk.to(k.dtype), torch.matmul(p.transpose(-1, -2), do).to(v.dtype), None, None
+
+
+def softcap_by_sigmoid(q, k, v, *, scale=None, softcap=None):
+    """Correct; no GQA, no causal mode: a softcapped kernel whose tanh' stays accurate where tanh saturates."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if softcap is None:
+        return _Softcapped.apply(q, k, v, scale, 1e30)
+    return _Softcapped.apply(q, k, v, scale, softcap)

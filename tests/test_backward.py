@@ -3,6 +3,8 @@ every feature; a kernel whose output carries autograd has its gradients judged o
 and each backward bug of tests/backward_kernels.py fails with kind "gradient" naming the gradient; a forward-only
 kernel is not judged unless it declares --backward yes, and then fails; the project's own judging (the corpus, the
 catalogue tests) leaves the layer off."""
+import math
+
 import pytest
 import torch
 
@@ -30,6 +32,19 @@ def test_reference_gradients_are_autograds_of_the_forward_definition(features, H
     got = torch_ref.backward(q.detach(), k.detach(), v.detach(), dout, pb)
     for w, g in zip(want, got):
         assert torch.isfinite(g).all() and (w - g).abs().max() < 1e-12
+
+
+def test_a_softcap_deep_in_tanhs_flat_region_has_its_tiny_gradient_judged_relatively():
+    """Scores 30 caps deep: tanh' is 4e^-60, which 1 - tanh^2 in float64 made 0, and with it the bound's floor, so a
+    correct kernel's dq of 1e-26 (its derivative accurate there, D_i from the rounded output) failed as "gradient".
+    The definition takes sech^2: accurate to its last bit there, and the floor scales with it."""
+    pb = Problem.make(1, 1, 1, 1, 1, 1, causal=False, scale=1.0, softcap=1.0)
+    one = torch.ones(1, 1, 1, 1, dtype=torch.float64)
+    grads, mags = torch_ref.backward(one, -30 * one, one, one, pb, magnitudes=True)
+    assert mags[0].item() == pytest.approx(2 * 4 * math.exp(-60) * 30, rel=1e-6), mags   # (|dP| + |D_i|) tanh' |k|
+    case = "Case('x', Nq=3, Nk=5, D=8, dtype='bf16', data='very_negative', softcap=5.0)"
+    report = flashcheck.verify(bk.softcap_by_sigmoid, cases=[case], backward="yes")
+    assert report.exit_code == 0, str(report)
 
 
 def _verify(kernel, **options):
