@@ -309,6 +309,11 @@ CATALOGUE = [
              "or 128, and each later row starts one key on: a first block found from the first key plus one, or a "
              "block skipped when its last key is the only one a row sees, drops that key",
          Nq=4, Nk=203, D=16, window=(72, 0), seed=141),
+    Case("window_decode", point=("one_query",),
+         why="one query (a decode step), causal, window (50, 0) over 203 keys: a single-query path of its own (a "
+             "split-KV decode kernel the general one dispatches to) must apply the window's left side too; 152 of "
+             "the keys lie left of it",
+         H=2, Nq=1, Nk=203, D=32, causal=True, window=(50, 0), seed=142),
     Case("softcap_tanh_region", point=("several_key_blocks",),
          why="softcap 1 on scores of about +-1e4 (scaled: hundreds, far past 88 c): c tanh(s / c) saturates; tanh "
              "written as (e^2x - 1) / (e^2x + 1) gives inf / inf = NaN, (s / c) tanh(s / c) is no cap",
@@ -332,6 +337,11 @@ CATALOGUE = [
          why="GQA (6 on 3), Dv = 48 != D = 32, window (10, 5), softcap 5 and ALiBi together: each feature's "
              "effect composed with the others' (a kernel that lacks some is judged on the rest, while two remain)",
          B=2, H=6, Hkv=3, Nq=30, Nk=70, D=32, Dv=48, window=(10, 5), softcap=5.0, alibi="heads", seed=99),
+    Case("decode_every_feature", point=("one_query", "features_together"),
+         why="one query against 203 keys with GQA (4 on 2), window (60, 0), softcap 5 and ALiBi: a decode path of "
+             "its own must carry every feature the general path does (an independent tester's kernels forgot each "
+             "there in turn, the left window among them, which no other entry met with one query)",
+         B=2, H=4, Hkv=2, Nq=1, Nk=203, D=32, causal=True, window=(60, 0), softcap=5.0, alibi="heads", seed=143),
     Case("half_unaligned_rows", point=('layout',),
          why="fp16/bf16 rows of D + 3 elements (38 bytes): tensor descriptors need 16-byte strides, so a TMA kernel "
              "must take another path here (or refuse), never fail or read misaligned rows",
