@@ -134,6 +134,16 @@ CATALOGUE = [
              "bf16 rounds it to 8 bits. 20 queries: past a split-KV kernel's decode threshold, so one program sums "
              "every key",
          Nq=20, Nk=4096, D=16, data="large_sums", seed=72),
+    Case("large_values_fp16", point=("several_key_blocks",),
+         why="values about 8000 (legal fp16) under keys that score alike: one block's P.V reaches 1e5 from 32 keys "
+             "on, past fp16's 65504 while the output stays about 8000; a dot whose output is fp16 (a half "
+             "accumulator, or a block's partial product rounded before the fp32 sum) overflows to inf",
+         Nq=20, Nk=256, D=16, dtype="fp16", data="large_sums", magnitude=8000.0, seed=144),
+    Case("bf16_values_past_fp16_range", point=("several_key_blocks",),
+         why="bf16 values about 1e5, past fp16's 65504 (bf16 holds up to 3e38): a kernel written for fp16 that "
+             "casts V (or P.V, or the output) to fp16 for every half dtype is exact in bf16 on ordinary values, "
+             "and gives inf here",
+         Nq=20, Nk=256, D=16, dtype="bf16", data="large_sums", magnitude=1e5, seed=145),
     Case("causal_block_m_gt_block_n", point=('causal', 'queries_past_128'),
          why="causal with BLOCK_M > BLOCK_N (the GPU's default tiles are 128 x 64): the last key a query block "
              "sees is bounded by its BLOCK_M rows, not by BLOCK_N (200 rows: past one 128-row block)",
