@@ -324,6 +324,13 @@ CATALOGUE = [
              "split-KV decode kernel the general one dispatches to) must apply the window's left side too; 152 of "
              "the keys lie left of it",
          H=2, Nq=1, Nk=203, D=32, causal=True, window=(50, 0), seed=142),
+    Case("window_very_negative_scores", point=("several_key_blocks",),
+         why="window (5, 0) over 100 keys, every scaled score far below exp's underflow (about -150 in half "
+             "precision): a key block a kernel visits that is wholly masked for some of its rows must leave their "
+             "running max at -inf; a max kept as 0 there (the guard against -inf - -inf stored as the state) outranks "
+             "every later score, each weight exp(s - 0) underflows to 0, and the row is 0 / 0 (vLLM's unified "
+             "attention, found-bugs.md row 20)",
+         Nq=40, Nk=100, D=16, causal=True, window=(5, 0), data="very_negative", seed=146),
     Case("softcap_tanh_region", point=("several_key_blocks",),
          why="softcap 1 on scores of about +-1e4 (scaled: hundreds, far past 88 c): c tanh(s / c) saturates; tanh "
              "written as (e^2x - 1) / (e^2x + 1) gives inf / inf = NaN, (s / c) tanh(s / c) is no cap",

@@ -279,7 +279,8 @@ def _attn_fwd_inner(acc, acc1, l_i, m_i, big, q, q1, k_ptrs, v_ptrs, stride_kn, 
             v1 = _load_kv(v_ptrs + BLOCK_D * stride_vk, desc_v, off_b, off_hkv, start_n, kv_rows, BLOCK_D, BLOCK_N,
                           BLOCK_D, HEAD_DIM, MASKED, USE_TMA)
             acc1 = _mma(p.to(v1.dtype), v1, acc1 * c[:, None], INPUT_PRECISION)
-        m_i = m_new  # guards: mutant m_never_updated
+        # the state keeps m_new (-inf while a row has seen no key), never the shift: 0 would outrank later scores
+        m_i = m_new  # guards: mutants m_never_updated, masked_max_kept_as_zero; case window_very_negative_scores
         # each pointer advances by its own tensor's row stride. guards: mutant kv_advance_wrong_stride
         k_ptrs += BLOCK_N * stride_kn
         v_ptrs += BLOCK_N * stride_vn

@@ -464,7 +464,8 @@ MUTANTS = [
            "drifts, so rows no longer sum to 1",
            _SEED_STATE + " (l is accumulated in fp32 like acc)", ("fp16_many_key_blocks", "large_accumulator[fp16]")),
     Mutant("m_never_updated", "fused",
-           "        m_i = m_new  # guards: mutant m_never_updated\n", "",
+           "        m_i = m_new  # guards: mutants m_never_updated, masked_max_kept_as_zero; case window_very_negative_scores\n",
+           "",
            "the running max is never updated: c = 0 at every block, so only the last key block counts and "
            "the log-sum-exp is -inf",
            _SEED_STATE + " (m = m_new)", ("many_key_chunks", "custom_scale")),
@@ -549,6 +550,13 @@ MUTANTS = [
            "and divides 0 by 0 (Nq > Nk)",
            _SEED_CAUSAL, ("causal_nq_gt_nk", "causal_whole_blocks_masked"),
            edits=(("l_safe = tl.where(l_i == 0.0, 1.0, l_i)", "l_safe = l_i"),)),
+    Mutant("masked_max_kept_as_zero", "fused",
+           "        m_i = m_new  # guards: mutants m_never_updated,", "        m_i = m_shift  # guards: mutants m_never_updated,",
+           "the guard's shift of a row that has seen no key yet (0, not -inf) kept as its running max: a key block "
+           "wholly masked for a row (a window's left edge) makes 0 its max, which outranks every later score below "
+           "it, so with scores far below exp's underflow every weight is 0 and the row 0 / 0 (vLLM's unified "
+           "attention, found-bugs.md row 20)",
+           _SEED_CAUSAL, ("window_very_negative_scores",)),
     Mutant("empty_row_zero_division", "fused",
            "l_safe = tl.where(l_i == 0.0, 1.0, l_i)", "l_safe = l_i",
            "only the final division unguarded: a causal row that sees no key outputs 0/0 = NaN instead of 0",
