@@ -169,6 +169,26 @@ def test_progress_on_a_log_says_how_much_is_left():
     assert line.startswith("[3/4] case_c (10 s, 0 failed so far, about 10 s left)"), line
 
 
+def test_progress_counts_the_generated_cases_as_they_are_judged(monkeypatch):
+    """verify records its generated cases after the last of them is judged (a failure is shrunk first); the
+    progress line counted them only then, so its estimate stood still (vLLM's kernel on the CPU: "about 5 min
+    left" from example 20 to example 25). Each now counts when its verdict arrives."""
+    import flashcheck
+    from examples.plain_attention import matmul_softmax
+
+    seen = []
+
+    class Watched(report.Progress):
+        def start(self, n, name):
+            seen.append((name, self.done))
+            super().start(n, name)
+    monkeypatch.setattr(report, "Progress", Watched)
+    flashcheck.verify(matmul_softmax, only="hand_one_query_two_keys", dtypes="fp32", examples=4, isolate=False,
+                      progress=True)
+    generated = [done for name, done in seen if name.startswith("generated example")]
+    assert len(generated) == 4 and generated[-1] >= generated[0] + 2, seen
+
+
 def test_one_failure_text_met_by_many_cases_is_said_once():
     """Many failing cases with one exception's text are most often one bug met many times (tutorial 06 on an H200:
     22 of 34 failures were one autotuner error): the summary says so, with the first case; numeric kinds

@@ -336,8 +336,14 @@ class Progress:
         self.stream.flush()
 
     def finish(self, result):
-        self.failed += result.status == "fail"
-        self.done += result.status != "skip"
+        if result.status != "skip":
+            self.judged(result.status == "fail")
+
+    def judged(self, failed):
+        """One case judged (verify's generated cases count when their verdict arrives: they are recorded after
+        the last of them, and the estimate stood still while they ran)."""
+        self.failed += bool(failed)
+        self.done += 1
 
     def close(self):
         if self.tty:

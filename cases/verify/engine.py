@@ -773,9 +773,10 @@ def run(req, on_result=None):
                                    enabled=req.progress)
         entries_judged = set()
 
-        def record(result):
+        def record(result, counted=False):
             the_run.results.append(result)
-            progress.finish(result)
+            if not counted:
+                progress.finish(result)
             if result.status not in ("skip",) and result.origin == "catalogue":
                 entries_judged.add(result.case.name.partition("[")[0])
             the_run.entries = (len(entries_judged), len(entries_total))
@@ -823,6 +824,7 @@ def run(req, on_result=None):
                                         lambda item: None if item[2][2] else compiled_alike(item[2][0])):
                 if item[0] == "generated":
                     verdicts.append(value)
+                    progress.judged(value.failed)
                 else:
                     record(value)
             if decl.fused and not the_run.stopped and shard.owns(the_shard, MEMORY_CASE):
@@ -831,7 +833,7 @@ def run(req, on_result=None):
                 record(result)
             if drawing and not the_run.stopped and drawing.result():
                 generated.finish(drawing.result(), verdicts, req.seed, decl, lambda c: judge(runner, c, settings),
-                                 the_run, record, progress, n, every + 1)
+                                 the_run, lambda result: record(result, counted=True), progress, n, every + 1)
         except KeyboardInterrupt:
             the_run.stopped = interrupted = "interrupted"
         progress.close()
