@@ -74,7 +74,7 @@ def softmax_parts(q, k, v, causal=False, scale=None, align="bottom-right", probl
     return Softmax(s, seen, p, lse, out)
 
 
-def backward(q, k, v, dout, problem, magnitudes=False, weight=None):
+def backward(q, k, v, dout, problem, magnitudes=False, weight=None, cap_err=0.0):
     """The gradients (dq, dk, dv) of out = attention(q, k, v) under `problem` for an output gradient dout, computed in
     the tensors' own dtype (float64: the definition; a half precision: what a plain framework user's autograd
     would give, scores and softmax in that dtype). q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv), dout
@@ -87,7 +87,9 @@ def backward(q, k, v, dout, problem, magnitudes=False, weight=None):
 
     magnitudes=True also returns, for each gradient, the same sums over absolute values (|P| |dO|, ...): what one
     rounding per product and sum scales with, for the tolerance's floor; weight (B, Hq, Nq, 1), if given, multiplies
-    P there (a relative error of each row's probabilities). Rows that see no key are 0, not NaN."""
+    P there (a relative error of each row's probabilities); cap_err, the absolute error a kernel's softcap derivative
+    may carry (1 - tanh^2 in float32 is 0 where tanh rounds to 1, and 2 eps32 off next to it), added to the derivative
+    there unweighted. Rows that see no key are 0, not NaN."""
     pb = problem
     parts = softmax_parts(q, k, v, problem=pb)     # the forward: P and O (0 on rows that see no key)
     p, out = parts.p, parts.out
@@ -108,7 +110,7 @@ def backward(q, k, v, dout, problem, magnitudes=False, weight=None):
     pw = p if weight is None else p * weight
     a_dp = torch.matmul(dout.abs(), vx.abs().transpose(-1, -2))
     a_di = (dout.abs() * out.abs()).sum(-1, keepdim=True)     # what rounding O or the products moves D_i by
-    a_ds = pw * (a_dp + a_di) * (cap.abs() if torch.is_tensor(cap) else cap)
+    a_ds = (pw * cap.abs() + p * cap_err if torch.is_tensor(cap) else pw * cap) * (a_dp + a_di)
     mags = (torch.matmul(a_ds, kx.abs()) * abs(pb.scale),
             _sum_heads(torch.matmul(a_ds.transpose(-1, -2), q.abs()) * abs(pb.scale), k, pb),
             _sum_heads(torch.matmul(pw.transpose(-1, -2), dout.abs()), v, pb))

@@ -333,32 +333,42 @@ def do_must_be_contiguous(q, k, v, *, causal=False, scale=None):
 
 
 class _Softcapped(torch.autograd.Function):
-    """softcap's tanh as 2 sigmoid(2x) - 1 (SGLang's Triton kernels), its derivative 4 sigmoid (1 - sigmoid), and
-    D_i = rowsum(dO * O) from the output rounded to q's dtype, as FlashAttention's backward reads it."""
+    """softcap's tanh in float32, as torch.tanh with its derivative 1 - tanh^2 (0 where tanh rounds to 1), or as
+    2 sigmoid(2x) - 1 (SGLang's Triton kernels) with 4 sigmoid (1 - sigmoid) (accurate there), and D_i = rowsum(dO * O)
+    from the output rounded to q's dtype, as FlashAttention's backward reads it."""
     @staticmethod
-    def forward(ctx, q, k, v, scale, cap):
+    def forward(ctx, q, k, v, scale, cap, by_sigmoid):
         x = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale / cap
-        sig = torch.sigmoid(2 * x)
-        p = torch.softmax(cap * (2 * sig - 1), dim=-1)
+        if by_sigmoid:
+            sig = torch.sigmoid(2 * x)
+            t, slope = 2 * sig - 1, 4 * sig * (1 - sig)
+        else:
+            t = torch.tanh(x)
+            slope = 1 - t * t
+        p = torch.softmax(cap * t, dim=-1)
         out = torch.matmul(p, v.float()).to(q.dtype)
-        ctx.save_for_backward(q, k, v, p, out, sig)
+        ctx.save_for_backward(q, k, v, p, out, slope)
         ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, p, out, sig = ctx.saved_tensors
+        q, k, v, p, out, slope = ctx.saved_tensors
         do = dout.float()
         dp = torch.matmul(do, v.float().transpose(-1, -2))
-        ds = p * (dp - (do * out.float()).sum(-1, keepdim=True)) * 4 * sig * (1 - sig)
+        ds = p * (dp - (do * out.float()).sum(-1, keepdim=True)) * slope
         dq = torch.matmul(ds, k.float()) * ctx.scale
         dk = torch.matmul(ds.transpose(-1, -2), q.float()) * ctx.scale
-        return dq.to(q.dtype), dk.to(k.dtype), torch.matmul(p.transpose(-1, -2), do).to(v.dtype), None, None
+        return dq.to(q.dtype), dk.to(k.dtype), torch.matmul(p.transpose(-1, -2), do).to(v.dtype), None, None, None
 
 
 def softcap_by_sigmoid(q, k, v, *, scale=None, softcap=None):
     """Correct; no GQA, no causal mode: a softcapped kernel whose tanh' stays accurate where tanh saturates."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    if softcap is None:
-        return _Softcapped.apply(q, k, v, scale, 1e30)
-    return _Softcapped.apply(q, k, v, scale, softcap)
+    return _Softcapped.apply(q, k, v, scale, 1e30 if softcap is None else softcap, True)
+
+
+def softcap_by_tanh(q, k, v, *, scale=None, softcap=None):
+    """Correct; no GQA, no causal mode: tanh' as 1 - tanh^2 in float32, 0 where tanh rounds to 1."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return _Softcapped.apply(q, k, v, scale, 1e30 if softcap is None else softcap, False)

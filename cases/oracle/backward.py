@@ -23,7 +23,9 @@ in the dtype makes; eps32 of float32, where a correct kernel computes its scores
 |s|_ij = |scale| sum_d |q_id| |k_jd|, the bound of a score's size, so kappa_i is how far fp32 rounding may move
 row i's scores, which the softmax turns into a relative error of its probabilities: on large scores a correct fp32
 kernel's gradients moved 1e-3 where the baseline's moved 1e-7). A kernel that rounds its scores or sums to fp16 or
-bf16 makes the errors the baseline makes, which F x its error covers. The floor keeps a case whose baseline happens
+bf16 makes the errors the baseline makes, which F x its error covers. Under a softcap the derivative 1 - tanh^2 also
+carries an absolute error of its own (CAP_ERR: 0 in float32 where tanh rounds to 1, however far from 0 the true
+value is), which the floor adds unweighted. The floor keeps a case whose baseline happens
 to be exact (one key: P = 1) from demanding exactness, and long rows and cancelling sums from failing a correct
 order of summation. (Up to 2026-12, eps of the dtype stood in the score and length terms too: in bf16 the floor
 came to 3 times the largest gradient, and a backward that did not sum dK over a GQA group passed.) Every bug class seen in public backward
@@ -54,6 +56,7 @@ F = 4.0           # times the same-precision baseline's largest error
 FLOOR = 4.0       # rounding steps per product and sum, times sqrt of the summed lengths
 NAMES = ("dq", "dk", "dv")
 UNRESOLVED = 1.0  # kappa (how far float32 may move a score) past which a case's backward is not judged
+CAP_ERR = 4 * torch.finfo(torch.float32).eps   # a float32 softcap derivative's absolute error (1 - tanh^2 near 1)
 
 
 def differentiable(result):
@@ -119,7 +122,7 @@ def judge(kernel, case, caps, qkv, device, conventions, kwargs, required=False, 
     # the float64 gradients where the forward's reference is computed (a small GPU case's on the host); the
     # baseline stays where the kernel ran: its rounding is the dtype's there
     want, floors = torch_ref.backward(*exact, dout.to(where, torch.float64), pb, magnitudes=True,
-                                      weight=_row_weights(case, pb, *exact[:2], kappa=kappa))
+                                      weight=_row_weights(case, pb, *exact[:2], kappa=kappa), cap_err=CAP_ERR)
     with torch_ref.no_tf32():
         rounded = tuple(t.detach() for t in (q, k, v))
         base = [torch_ref.backward(*rounded, dout, pb)]
