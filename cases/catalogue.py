@@ -355,10 +355,17 @@ CATALOGUE = [
              "effect composed with the others' (a kernel that lacks some is judged on the rest, while two remain)",
          B=2, H=6, Hkv=3, Nq=30, Nk=70, D=32, Dv=48, window=(10, 5), softcap=5.0, alibi="heads", seed=99),
     Case("decode_every_feature", point=("one_query", "features_together"),
-         why="one query against 203 keys with GQA (4 on 2), window (60, 0), softcap 5 and ALiBi: a decode path of "
-             "its own must carry every feature the general path does (an independent tester's kernels forgot each "
-             "there in turn, the left window among them, which no other entry met with one query)",
-         B=2, H=4, Hkv=2, Nq=1, Nk=203, D=32, causal=True, window=(60, 0), softcap=5.0, alibi="heads", seed=143),
+         why="one query against 203 keys with GQA (4 on 2), Dv = 48 > D = 32, window (60, 0), softcap 5 and ALiBi: "
+             "a decode path of its own must carry every feature the general path does (an independent tester's "
+             "kernels forgot each there in turn, the left window and value columns past D among them, which no "
+             "other entry met with one query)",
+         B=2, H=4, Hkv=2, Nq=1, Nk=203, D=32, Dv=48, causal=True, window=(60, 0), softcap=5.0, alibi="heads",
+         seed=143),
+    Case("alibi_batch_heads_decode", point=("one_query", "batch_heads"),
+         why="one query per sequence against 70 keys, ALiBi slopes per (batch, head): a decode path of its own "
+             "must read each batch's own slopes (one that reads batch 0's row for every batch passed every other "
+             "entry)",
+         B=3, H=2, Nq=1, Nk=70, D=16, alibi="batch_heads", seed=147),
     Case("half_unaligned_rows", point=('layout',),
          why="fp16/bf16 rows of D + 3 elements (38 bytes): tensor descriptors need 16-byte strides, so a TMA kernel "
              "must take another path here (or refuse), never fail or read misaligned rows",
