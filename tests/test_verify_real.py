@@ -28,6 +28,22 @@ def _by_name(report):
     return {c["name"]: c for c in report["cases"]}
 
 
+def _count(report, status):
+    return sum(c["status"] == status for c in report["cases"])
+
+
+def _undeclared_and_declared(tmp_path, kernel, declaration, selection, unsupported_before):
+    """The JSON reports of a limited kernel judged without and with the declaration of its limit: both exit 0; without
+    it, at least unsupported_before cases are "unsupported" (the kernel declines them); with it, none."""
+    undeclared, plain = _json(tmp_path, f"{LIMITED}:{kernel}", *selection)
+    assert undeclared.returncode == 0, explain(undeclared)
+    declared, judged = _json(tmp_path, f"{LIMITED}:{kernel}", *declaration, *selection)
+    assert declared.returncode == 0, explain(declared)
+    assert _count(plain, "unsupported") >= unsupported_before and _count(judged, "unsupported") == 0, \
+        (plain["summary"], judged["summary"])
+    return plain, judged
+
+
 def test_same_length_kernel_declared_and_undeclared(tmp_path):
     """--same-length skips Nq != Nk up front; without it, the kernel's NotImplementedError is "unsupported":
     neither passed nor failed, and the run still exits 0."""
@@ -433,12 +449,7 @@ def test_a_causal_only_kernel_is_declared_and_the_catalogue_judged_causal(tmp_pa
     and the bug fails on them."""
     selection = ("-k", "head_dim_3,head_dim_59,hand_one_query_two_keys,causal_square", "--dtypes", "fp32",
                  "--examples", "3")
-    undeclared, plain = _json(tmp_path, f"{LIMITED}:causal_only", *selection)
-    assert undeclared.returncode == 0, explain(undeclared)
-    declared, judged = _json(tmp_path, f"{LIMITED}:causal_only", "--causal-only", *selection)
-    assert declared.returncode == 0, explain(declared)
-    unsupported = lambda report: sum(c["status"] == "unsupported" for c in report["cases"])  # noqa: E731
-    assert unsupported(plain) >= 3 and unsupported(judged) == 0, (plain["summary"], judged["summary"])
+    plain, judged = _undeclared_and_declared(tmp_path, "causal_only", ("--causal-only",), selection, 3)
     names = _by_name(judged)
     assert {"head_dim_3[fp32, causal]", "hand_one_query_two_keys[fp32, causal]", "causal_square[fp32]"} <= set(names)
     assert all(names[n]["status"] == "pass" for n in names if n.startswith(("head_dim", "hand"))), names
@@ -458,12 +469,7 @@ def test_a_kernel_that_needs_as_many_keys_as_queries_has_the_entries_projected_o
     judged with the keys raised or the queries lowered (named so), and the others skipped with the point they need."""
     selection = ("-k", "partial_last_query_block,one_key,cross_nq_gt_nk,causal_nq_gt_nk,hand_one_query_two_keys",
                  "--dtypes", "fp32", "--examples", "4")
-    undeclared, plain = _json(tmp_path, f"{LIMITED}:keys_cover_queries", *selection)
-    assert undeclared.returncode == 0, explain(undeclared)
-    declared, projected = _json(tmp_path, f"{LIMITED}:keys_cover_queries", "--nk-ge-nq", *selection)
-    assert declared.returncode == 0, explain(declared)
-    unsupported = lambda report: sum(c["status"] == "unsupported" for c in report["cases"])  # noqa: E731
-    assert unsupported(plain) >= 3 and unsupported(projected) == 0, (plain["summary"], projected["summary"])
+    plain, projected = _undeclared_and_declared(tmp_path, "keys_cover_queries", ("--nk-ge-nq",), selection, 3)
     names = _by_name(projected)
     assert any(n.startswith("partial_last_query_block[fp32, Nk=") and c["status"] == "pass" for n, c in names.items())
     assert names["one_key[fp32, Nq=1]"]["status"] == "pass", sorted(names)
@@ -489,14 +495,8 @@ def test_a_decode_kernels_query_limit_is_declared_and_the_catalogue_projected_on
     judged. A chunk skip off by one at the window's left edge, which an independent decode kernel had and verify
     missed for want of both, then fails on window_left_edge_on_a_block_end."""
     selection = ("-k", "window,causal_square,empty", "--dtypes", "fp32", "--examples", "0")
-    undeclared, plain = _json(tmp_path, f"{LIMITED}:decode_only", *selection)
-    assert undeclared.returncode == 0, explain(undeclared)
-    declared, projected = _json(tmp_path, f"{LIMITED}:decode_only", "--max-seq-q", "8", *selection)
-    assert declared.returncode == 0, explain(declared)
-    unsupported = lambda report: sum(c["status"] == "unsupported" for c in report["cases"])  # noqa: E731
-    passed = lambda report: sum(c["status"] == "pass" for c in report["cases"])  # noqa: E731
-    assert unsupported(plain) >= 4 and unsupported(projected) == 0, (plain["summary"], projected["summary"])
-    assert passed(projected) > passed(plain), (plain["summary"], projected["summary"])
+    plain, projected = _undeclared_and_declared(tmp_path, "decode_only", ("--max-seq-q", "8"), selection, 4)
+    assert _count(projected, "pass") > _count(plain, "pass"), (plain["summary"], projected["summary"])
     names = _by_name(projected)
     assert "window_left_edge_on_a_block_end[fp32]" in names and "empty_queries_causal[fp32]" in names
     assert any(n.startswith("window_wider_than_the_sequence[fp32, Nq=8") for n in names), sorted(names)
