@@ -151,11 +151,16 @@ def _with_head_dim(case, d, dv=None):
     return change
 
 
+def _named(name, shown):
+    """name with `shown` added inside its brackets: name[fp16] -> name[fp16, shown]; name -> name[shown]."""
+    base, _, inside = name.partition("[")
+    inside = inside.rstrip("]")
+    return f"{base}[{inside}, {shown}]" if inside else f"{base}[{shown}]"
+
+
 def _name(case, changes):
-    base, _, dtype = case.name.partition("[")
-    shown = ", ".join(f"{k}={v}" for k, v in changes.items() if k in ("B", "H", "Nq", "Nk", "D", "Dv", "layout"))
-    dtype = dtype.rstrip("]")
-    return f"{base}[{dtype}, {shown}]" if dtype else f"{base}[{shown}]"
+    return _named(case.name, ", ".join(f"{k}={v}" for k, v in changes.items()
+                                       if k in ("B", "H", "Nq", "Nk", "D", "Dv", "layout")))
 
 
 def made_causal(case):
@@ -166,9 +171,7 @@ def made_causal(case):
     if case.expected is not None and case.seqlens is None:
         if not (problem(case).visible() == problem(case.replace(causal=True)).visible()).all():
             changes.update(expected=None, exact=False)
-    base, _, dtype = case.name.partition("[")
-    dtype = dtype.rstrip("]")
-    return case.replace(name=f"{base}[{dtype}, causal]" if dtype else f"{base}[causal]", **changes)
+    return case.replace(name=_named(case.name, "causal"), **changes)
 
 
 def project(case, decl, admissible, head_dim_ok=None):
